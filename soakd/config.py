@@ -1,0 +1,483 @@
+"""Validated, immutable settings.
+
+One place merges the layers: embedded defaults < TOML file < ``--set`` overrides < flags.
+Everything is checked before anything starts: unknown keys, wrong types and out-of-range
+values raise ``ConfigError`` with a one-line message naming the key path, e.g.
+``run.fps: must be > 0, got -2`` (the CLI turns that into exit code 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``str(err)`` is one line naming the key path."""
+
+
+_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
+                          r"(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$")
+
+
+def parse_duration(value: Any) -> float:
+    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"250ms"``, ``90`` or ``"90"`` -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as '10m' or 600, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        s = value.strip()
+        try:
+            return float(s)
+        except ValueError:
+            pass
+        m = _DURATION_RE.match(s)
+        if m and any(m.groups()):
+            h, mi, sec, ms = (float(g) if g else 0.0 for g in m.groups())
+            return h * 3600 + mi * 60 + sec + ms / 1000
+    raise ValueError(f"expected a duration such as '10m', '90s' or 600, got {value!r}")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunSettings(_Section):
+    """``[run]``: pacing, queue, sampling and where the run database lives."""
+
+    name: str | None = None  # a label stored with the run
+    fps: float = Field(2.0, gt=0, le=1000)
+    duration: Duration = Field(30.0, gt=0)
+    warmup_s: Duration = Field(5.0, ge=0)
+    max_queue: int = Field(1, ge=1, le=4096)
+    consume: Literal["newest", "oldest"] = "newest"
+    max_age_ms: float | None = Field(None, gt=0)
+    sample_interval_ms: float = Field(150.0, ge=50, le=1000)
+    db: str | None = None  # default: $STATE_DIRECTORY/soakd.db under systemd, else ./soakd.db
+    log_every: int = Field(1, ge=0)  # one per-frame log line every N frames (0 = none)
+    stall_timeout_s: Duration = Field(60.0, gt=0)  # no frame finishing for this long = stall
+    on_oom: Literal["continue", "stop"] = "continue"
+    seed: int = 0
+
+
+class SourceSettings(_Section):
+    """``[source]``: where frames come from."""
+
+    kind: Literal["synthetic", "video", "camera", "stream", "images"] = "synthetic"
+    width: int = Field(320, ge=8, le=16384)  # synthetic size; resize target when resize=true
+    height: int = Field(240, ge=8, le=16384)
+    resize: bool = False  # resize captured frames to width x height
+    path: str | None = None  # video file or image folder
+    index: int = Field(0, ge=0)  # camera index
+    url: str | None = None  # rtsp:// or http(s):// stream
+    loop: bool = True  # loop a video file / image folder at its end
+    pattern: Literal["bars", "noise", "gradient"] = "bars"  # synthetic pattern
+    open_timeout_s: Duration = Field(10.0, gt=0)
+    read_timeout_s: Duration = Field(5.0, gt=0)  # a grab slower than this = source stalled
+
+    @model_validator(mode="after")
+    def _needs(self) -> SourceSettings:
+        if self.kind in ("video", "images") and not self.path:
+            raise ValueError(f"path: required when kind = {self.kind!r}")
+        if self.kind == "stream" and not self.url:
+            raise ValueError("url: required when kind = 'stream'")
+        return self
+
+
+class AudioSettings(_Section):
+    """``[audio]``: an audio stream beside the frames (audio-visual workloads)."""
+
+    kind: Literal["none", "tone", "noise", "wav"] = "none"
+    sample_rate: int = Field(16000, ge=8000, le=192000)
+    freq_hz: float = Field(440.0, gt=0)
+    amplitude: float = Field(0.3, gt=0, le=1)
+    path: str | None = None
+    loop: bool = True
+
+    @model_validator(mode="after")
+    def _needs(self) -> AudioSettings:
+        if self.kind == "wav" and not self.path:
+            raise ValueError("path: required when kind = 'wav'")
+        return self
+
+
+class GenerationSettings(_Section):
+    """Generation settings shared by the transformers-based workloads; each changes timing,
+    each is stored with the run."""
+
+    prompt: str = "Describe what is happening in this frame."
+    max_new_tokens: int = Field(16, ge=1, le=65536)
+    min_new_tokens: int | None = Field(None, ge=0)
+    num_beams: int = Field(1, ge=1, le=64)
+    do_sample: bool = False
+    use_cache: bool = True
+
+
+class SyntheticWorkload(_Section):
+    """A torch-free workload with planted behaviour: verdicts are tested against it."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    pre_ms: float = Field(2.0, ge=0)
+    infer_ms: float = Field(20.0, ge=0)
+    decode_ms: float = Field(2.0, ge=0)
+    jitter: float = Field(0.05, ge=0, le=5)
+    spike_every: int = Field(0, ge=0)
+    spike_ms: float = Field(0.0, ge=0)
+    drift_ms_per_min: float = 0.0
+    leak_mb_per_min: float = Field(0.0, ge=0)
+    sawtooth_mb: float = Field(0.0, ge=0)
+    sawtooth_period_s: float = Field(10.0, gt=0)
+    error_every: int = Field(0, ge=0)
+    stall_after_s: float = Field(0.0, ge=0)
+    seed: int = 0
+
+
+class TinyVlmWorkload(GenerationSettings):
+    """The embedded default: a tiny random-weight VLM built offline from a config."""
+
+    kind: Literal["tiny-vlm"] = "tiny-vlm"
+    arch: Literal["qwen2-vl", "llava"] = "qwen2-vl"
+    short_side: int = Field(56, ge=14, le=4096)  # input short side fed to the processor
+    max_new_tokens: int = Field(8, ge=1, le=4096)
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
+    cache_dir: str | None = None  # default: $CACHE_DIRECTORY or ~/.cache/soakd
+
+
+class HfWorkload(GenerationSettings):
+    """Any local transformers image-text-to-text checkpoint."""
+
+    kind: Literal["hf"] = "hf"
+    model_path: str
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    attn_implementation: str | None = None  # eager | sdpa | flash_attention_2
+    trust_remote_code: bool = False
+    short_side: int | None = Field(None, ge=14, le=8192)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
+            raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
+        return v
+
+
+class SessionWorkloadSettings(GenerationSettings):
+    """A model with MOSS-VL-Realtime's ``create_realtime_session`` interface."""
+
+    kind: Literal["session"] = "session"
+    model_path: str | None = None  # None: the built-in tiny session model (offline tests)
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    attn_implementation: str | None = None
+    trust_remote_code: bool = False
+    initial_prompt: str = "Watch the stream and answer when something changes."
+    frame_queue_size: int = Field(8, ge=1)
+    max_tokens_per_turn: int = Field(12, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    poll_timeout_s: float = Field(0.05, gt=0, le=10)
+    response_timeout_s: Duration = Field(30.0, gt=0)  # no output for this long = hung
+
+
+class GeneratorWorkloadSettings(_Section):
+    """A streaming frame generator (Matrix-Game style)."""
+
+    kind: Literal["generator"] = "generator"
+    factory: str | None = None  # "pkg.mod:fn" for a real pipeline; None: built-in tiny one
+    options: dict[str, Any] = Field(default_factory=dict)  # passed to the factory
+    width: int = Field(64, ge=8, le=8192)
+    height: int = Field(64, ge=8, le=8192)
+    num_inference_steps: int = Field(4, ge=1, le=1000)
+    frames_per_chunk: int = Field(4, ge=1, le=1024)
+    chunks_per_request: int = Field(2, ge=1, le=1024)
+    channels: int = Field(16, ge=1, le=1024)
+    device: str = "cpu"
+    seed: int = 0
+    response_timeout_s: Duration = Field(30.0, gt=0)
+
+
+class AvWorkloadSettings(GenerationSettings):
+    """Audio-visual Q&A over a window of recent frames and audio."""
+
+    kind: Literal["av"] = "av"
+    model_path: str | None = None  # None: the built-in tiny audio-visual model
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    trust_remote_code: bool = False
+    video_fps: float = Field(2.0, gt=0, le=60)
+    max_frames: int = Field(8, ge=1, le=1024)
+    max_audio_seconds: float = Field(4.0, gt=0, le=600)
+    short_side: int = Field(56, ge=14, le=4096)
+    max_new_tokens: int = Field(8, ge=1, le=4096)
+
+
+class PythonWorkload(_Section):
+    """A user's own workload: ``factory = "package.module:function"``."""
+
+    kind: Literal["python"] = "python"
+    factory: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
+            raise ValueError(f"must look like 'package.module:function', got {v!r}")
+        return v
+
+
+class PluginWorkload(_Section):
+    """A workload registered by another package in the ``soakd.workloads`` entry points."""
+
+    kind: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
+    "synthetic": SyntheticWorkload,
+    "tiny-vlm": TinyVlmWorkload,
+    "hf": HfWorkload,
+    "session": SessionWorkloadSettings,
+    "generator": GeneratorWorkloadSettings,
+    "av": AvWorkloadSettings,
+    "python": PythonWorkload,
+}
+
+WorkloadSettings = (
+    SyntheticWorkload
+    | TinyVlmWorkload
+    | HfWorkload
+    | SessionWorkloadSettings
+    | GeneratorWorkloadSettings
+    | AvWorkloadSettings
+    | PythonWorkload
+    | PluginWorkload
+)
+
+
+class CriteriaSettings(_Section):
+    """``[criteria]``: the pass criteria (see docs/verdict.md for each default and why)."""
+
+    min_duration_s: Duration = Field(10.0, ge=0)
+    min_frames: int = Field(10, ge=1)
+    max_drop_fraction: float = Field(0.05, ge=0, le=1)
+    max_age_slope_ms_per_min: float = Field(50.0, ge=0)
+    max_age_p95_ms: float | None = Field(None, gt=0)
+    max_memory_growth_mb_per_min: float = Field(5.0, ge=0)
+    floor_window_s: Duration = Field(10.0, gt=0)
+    jitter_k: float | Literal["history"] = 5.0
+    jitter_history_min_runs: int = Field(3, ge=1)
+    max_errors: int = Field(0, ge=0)
+    alpha: float = Field(0.01, gt=0, lt=0.5)  # significance level of the trend tests
+
+    @field_validator("jitter_k")
+    @classmethod
+    def _k(cls, v: float | str) -> float | str:
+        if isinstance(v, int | float) and v < 1:
+            raise ValueError(f"must be >= 1 or 'history', got {v}")
+        return v
+
+
+class ServiceSettings(_Section):
+    """``[service]``: systemd notification and the Prometheus exporter."""
+
+    metrics_addr: str | None = None  # e.g. "127.0.0.1:9464"; off by default
+    notify: bool = True  # talk sd_notify when $NOTIFY_SOCKET is set
+
+
+class Settings(_Section):
+    run: RunSettings = RunSettings()
+    source: SourceSettings = SourceSettings()
+    audio: AudioSettings = AudioSettings()
+    workload: WorkloadSettings = Field(default_factory=lambda: TinyVlmWorkload())
+    criteria: CriteriaSettings = CriteriaSettings()
+    service: ServiceSettings = ServiceSettings()
+
+    @field_validator("workload", mode="wrap")
+    @classmethod
+    def _pick_workload(cls, v: Any, handler: Any) -> Any:
+        if isinstance(v, BaseModel):
+            return v
+        if not isinstance(v, Mapping):
+            raise ValueError("must be a table")
+        kind = v.get("kind", "tiny-vlm")
+        model = BUILTIN_WORKLOADS.get(kind)
+        if model is None:
+            from soakd.workloads.registry import entry_point_names
+
+            if kind not in entry_point_names():
+                known = ", ".join([*BUILTIN_WORKLOADS, *entry_point_names()])
+                raise ValueError(f"kind: unknown workload {kind!r} (known: {known})")
+            model = PluginWorkload
+        return model.model_validate(dict(v))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def config_hash(self) -> str:
+        """A hash of everything that changes what is measured: all sections but the run's
+        name, duration and db, and the service settings. Runs with the same hash are
+        comparable (``jitter_k = "history"`` draws on them)."""
+        d = self.to_dict()
+        for k in ("name", "duration", "db", "log_every"):
+            d["run"].pop(k, None)
+        d.pop("service", None)
+        d.pop("criteria", None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def resolved_db(self) -> Path:
+        if self.run.db:
+            return Path(self.run.db).expanduser()
+        state = os.environ.get("STATE_DIRECTORY")
+        if state:
+            return Path(state.split(":")[0]) / "soakd.db"
+        return Path("soakd.db")
+
+
+# ---------------------------------------------------------------------------------------
+# Loading and merging
+
+
+def default_toml_text() -> str:
+    return resources.files("soakd").joinpath("default.toml").read_text(encoding="utf-8")
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            # a workload of another kind replaces the table instead of merging into it
+            if k == "workload" and "kind" in v and v["kind"] != out[k].get("kind"):
+                out[k] = dict(v)
+            else:
+                out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_set(expr: str) -> tuple[list[str], Any]:
+    """``section.key=value`` -> (["section", "key"], value). The value is read as a TOML
+    value when it parses as one (numbers, booleans, quoted strings, arrays), else taken as a
+    bare string."""
+    if "=" not in expr:
+        raise ConfigError(f"--set {expr}: expected section.key=value")
+    key, raw = expr.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if len(path) < 2:
+        raise ConfigError(f"--set {expr}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+def _set_path(d: dict[str, Any], path: list[str], value: Any) -> None:
+    cur = d
+    for p in path[:-1]:
+        nxt = cur.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[p] = nxt
+        cur = nxt
+    cur[path[-1]] = value
+
+
+_PHRASES = (
+    (r"^Input should be greater than or equal to ", "must be >= "),
+    (r"^Input should be greater than ", "must be > "),
+    (r"^Input should be less than or equal to ", "must be <= "),
+    (r"^Input should be less than ", "must be < "),
+    (r"^Input should be ", "must be "),
+)
+
+
+def _format_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = [str(p) for p in e["loc"]]
+    # drop pydantic's union/tag path parts ("function-wrap[...]", model names)
+    loc = [p for p in loc if not p.startswith("function-") and not p[:1].isupper()]
+    msg = e["msg"]
+    msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
+    # nested "key: message" raised by our own validators
+    m = re.match(r"^([\w.]+): (.*)$", msg)
+    if m and e["type"] == "value_error":
+        loc.append(m.group(1))
+        msg = m.group(2)
+    for pat, rep in _PHRASES:
+        msg = re.sub(pat, rep, msg)
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif e["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in e and e["type"] not in ("value_error",) and not isinstance(
+        e["input"], dict
+    ):
+        msg = f"{msg[:1].lower()}{msg[1:]}, got {e['input']!r}"
+    path = ".".join(loc) or "config"
+    more = len(err.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{path}: {msg}{suffix}"
+
+
+def load_settings(
+    path: str | Path | None = None,
+    *,
+    overrides: Iterable[str] = (),
+    flags: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge defaults < file < ``--set`` overrides < flags and validate.
+
+    ``flags`` maps dotted paths to values (``{"run.fps": 2}``); None values are ignored.
+    """
+    data: dict[str, Any] = tomllib.loads(default_toml_text())
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: config file not found")
+        try:
+            file_data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{p}: not a UTF-8 text file") from None
+        data = _deep_merge(data, file_data)
+    for expr in overrides:
+        keys, value = parse_set(expr)
+        nested: dict[str, Any] = {}
+        _set_path(nested, keys, value)
+        data = _deep_merge(data, nested)
+    for dotted, value in (flags or {}).items():
+        if value is None:
+            continue
+        nested = {}
+        _set_path(nested, dotted.split("."), value)
+        data = _deep_merge(data, nested)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None

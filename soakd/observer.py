@@ -1,0 +1,75 @@
+"""Observers: how the live display, the logs, sd_notify and the Prometheus exporter follow a
+run without the runner knowing about any of them.
+
+The runner calls every hook from its own threads; a hook must be quick and must not raise
+(an observer that raises is logged once and dropped, the run goes on). ``on_frame`` and
+``on_sample`` are on the hot path: keep them allocation-light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from soakd.records import Event, FrameRecord, Sample
+
+if TYPE_CHECKING:
+    from soakd.config import Settings
+
+
+@dataclass(slots=True)
+class RunInfo:
+    run_id: str
+    settings: Settings
+    db_path: Path
+    config_hash: str
+    mode: str = "soak"
+    gpu_name: str | None = None
+
+
+@dataclass(slots=True)
+class Progress:
+    """A once-a-second snapshot (the runner's own rolling statistics)."""
+
+    elapsed_s: float
+    remaining_s: float
+    frames_done: int  # frames finished (dispatched and completed) so far
+    frames_captured: int
+    achieved_fps: float  # frames finished per second over the last window
+    drops: int
+    stale: int
+    errors: int
+    age_p50_ms: float | None
+    stage_p50_ms: dict[str, float | None] = field(default_factory=dict)  # grab/pre/infer/decode/total
+    rss_bytes: int | None = None
+    gpu_mem_bytes: int | None = None
+    warmup: bool = False
+    progressing: bool = True  # a frame finished since the previous snapshot
+    stalled_s: float = 0.0  # seconds since the last frame finished
+
+
+@dataclass(slots=True)
+class RunResult:
+    run_id: str
+    status: str  # completed | aborted | crashed
+    reason: str | None
+    duration_s: float
+    summary: dict[str, Any]
+    verdict: Any = None  # soakd.analysis Verdict, once judged
+    exit_code: int | None = None
+
+
+class Observer:
+    """Base class with no-op hooks; override what you need."""
+
+    def on_run_start(self, info: RunInfo) -> None: ...
+    def on_loading(self, message: str, extend_s: float) -> None: ...
+    def on_ready(self) -> None: ...
+    def on_frame(self, rec: FrameRecord) -> None: ...
+    def on_sample(self, sample: Sample) -> None: ...
+    def on_event(self, event: Event) -> None: ...
+    def on_progress(self, progress: Progress) -> None: ...
+    def on_stopping(self, reason: str) -> None: ...
+    def on_run_end(self, result: RunResult) -> None: ...
+    def close(self) -> None: ...

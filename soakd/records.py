@@ -1,0 +1,142 @@
+"""The records that flow through a run: captured frames, per-frame results, telemetry
+samples and events.
+
+Times inside a run are nanoseconds on the monotonic clock (``Clock.now_ns``); the store
+turns them into seconds since the run's start (``t_*`` columns) so that rows from
+``frames``, ``samples`` and ``events`` line up on one time axis. Durations are stored in
+milliseconds (``*_ms``), memory in bytes (``*_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class Frame:
+    """A frame as the pacer captured it.
+
+    ``t_sched_ns`` is the absolute deadline the pacer aimed at, ``t_capture_ns`` when the
+    source returned the image, ``grab_ns`` how long the source call took. ``audio`` is the
+    chunk of audio that arrived with this frame (AV workloads), or None.
+    """
+
+    id: int
+    t_sched_ns: int
+    t_capture_ns: int
+    grab_ns: int
+    image: np.ndarray
+    audio: np.ndarray | None = None
+    source_ts: float | None = None  # position in the source (s), e.g. the video timestamp
+
+
+@dataclass(slots=True)
+class StageOutput:
+    """What a workload's ``decode`` returns: the text (if any), the number of generated
+    tokens, and kind-specific extras (media token counts, sample output...)."""
+
+    text: str | None = None
+    tokens: int | None = None
+    vision_tokens: int | None = None
+    audio_tokens: int | None = None
+    extra: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class FrameRecord:
+    """One row of the ``frames`` table. ``None`` means unknown (never invented)."""
+
+    frame_id: int
+    t_sched: float  # seconds since run start
+    t_capture: float
+    t_dispatch: float | None
+    t_done: float | None
+    lateness_ms: float
+    grab_ms: float
+    pre_ms: float | None = None
+    infer_ms: float | None = None
+    decode_ms: float | None = None
+    total_ms: float | None = None  # grab + pre + infer + decode
+    queue_len: int = 0
+    frame_age_ms: float | None = None  # dispatch - capture
+    e2e_ms: float | None = None  # done - scheduled capture
+    drop_count: int = 0  # cumulative frames dropped by the queue
+    stale_count: int = 0  # cumulative frames skipped as older than max_age_ms
+    out_tokens: int | None = None
+    vision_tokens: int | None = None
+    audio_tokens: int | None = None
+    error: str | None = None
+    first: bool = False
+    warmup: bool = False
+    skipped: bool = False  # True for a stale frame that was never dispatched
+    session_dropped: int | None = None  # cumulative drops reported by a session model
+    pending: int | None = None  # frames pending inside a session model
+    output_kind: str | None = None  # session: "text" | "silence" | None
+    output_latency_ms: float | None = None  # capture -> next output (session models)
+    first_emit_ms: float | None = None  # generator: request -> first emitted frame
+    emitted: int | None = None  # generator: frames emitted for this request
+    extra: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Emission:
+    """One emitted output frame of a generator workload (``emissions`` table)."""
+
+    frame_id: int  # the request (frames.frame_id) it belongs to
+    idx: int  # index of the emitted frame within the request
+    t_emit: float  # seconds since run start
+    interval_ms: float | None  # since the previous emission of the run (None for the first)
+    chunk: int  # chunk number within the request
+    chunk_frames: int  # frames delivered together in that chunk
+    chunk_ms: float  # time the chunk took
+
+
+@dataclass(slots=True)
+class Sample:
+    """One telemetry tick (``samples`` table). Every probe value may be None."""
+
+    seq: int
+    t: float  # seconds since run start (actual, not the deadline)
+    wall: float  # unix time, to join with outside logs
+    lag_ms: float  # how late the tick started after its deadline
+    tick_ms: float  # how long the tick itself took
+    values: dict[str, float | int | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Event:
+    """Something that happened once (``events`` table): warm-up end, error, OOM, signal,
+    source end, stall, abort..."""
+
+    kind: str
+    t: float
+    wall: float
+    message: str = ""
+    frame_id: int | None = None
+    data: dict[str, Any] | None = None
+
+
+# Telemetry columns of the samples table, in order. Probes fill a subset; the rest are NULL.
+SAMPLE_FIELDS: tuple[str, ...] = (
+    "rss_bytes",
+    "cpu_pct",
+    "sys_mem_used_bytes",
+    "sys_mem_total_bytes",
+    "gpu_mem_used_bytes",
+    "gpu_mem_total_bytes",
+    "gpu_util_pct",
+    "gpu_mem_util_pct",
+    "gpu_proc_mem_bytes",
+    "gpu_temp_c",
+    "gpu_power_w",
+    "gpu_sm_clock_mhz",
+    "torch_allocated_bytes",
+    "torch_reserved_bytes",
+    "torch_max_allocated_bytes",
+    "torch_max_reserved_bytes",
+    "torch_alloc_retries",
+    "torch_ooms",
+)

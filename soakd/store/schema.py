@@ -1,0 +1,258 @@
+"""The run database schema, created and upgraded through recorded migrations.
+
+Every migration is a (name, SQL script) pair applied once, in order, inside a transaction,
+and recorded in ``_migrations``. Never edit a released migration: append a new one.
+docs/schema.md documents every table, column and view.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from soakd.records import SAMPLE_FIELDS
+
+FRAME_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "frame_id",
+    "t_sched",
+    "t_capture",
+    "t_dispatch",
+    "t_done",
+    "lateness_ms",
+    "grab_ms",
+    "pre_ms",
+    "infer_ms",
+    "decode_ms",
+    "total_ms",
+    "queue_len",
+    "frame_age_ms",
+    "e2e_ms",
+    "drop_count",
+    "stale_count",
+    "out_tokens",
+    "vision_tokens",
+    "audio_tokens",
+    "error",
+    "first",
+    "warmup",
+    "skipped",
+    "session_dropped",
+    "pending",
+    "output_kind",
+    "output_latency_ms",
+    "first_emit_ms",
+    "emitted",
+    "extra",
+)
+
+SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "seq", "t", "wall", "lag_ms", "tick_ms", *SAMPLE_FIELDS)
+
+EMISSION_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "frame_id",
+    "idx",
+    "t_emit",
+    "interval_ms",
+    "chunk",
+    "chunk_frames",
+    "chunk_ms",
+)
+
+EVENT_COLUMNS: tuple[str, ...] = ("run_id", "t", "wall", "kind", "frame_id", "message", "data")
+
+_sample_cols_sql = ",\n    ".join(
+    f"{c} {'REAL' if c.endswith(('_pct', '_w', '_c')) else 'INTEGER'}" for c in SAMPLE_FIELDS
+)
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "0001_initial",
+        f"""
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    mode TEXT NOT NULL DEFAULT 'soak',      -- soak | profile
+    status TEXT NOT NULL,                   -- running | completed | aborted | crashed
+    reason TEXT,                            -- why it was aborted/crashed
+    started_at TEXT NOT NULL,               -- ISO 8601 UTC wall clock
+    started_unix REAL NOT NULL,             -- wall clock at t = 0 (joins with journald)
+    ended_at TEXT,
+    duration_s REAL,                        -- measured, monotonic
+    pid INTEGER,
+    host TEXT,
+    workload_kind TEXT,
+    fps REAL,
+    config TEXT NOT NULL,                   -- resolved settings, JSON
+    config_hash TEXT NOT NULL,
+    workload TEXT,                          -- the workload's describe(), JSON
+    environment TEXT,                       -- cpu, gpu, driver, cuda, versions, JSON
+    summary TEXT,                           -- JSON summary written at the end
+    verdict TEXT,                           -- PASS | FAIL | INVALID
+    exit_code INTEGER
+);
+CREATE INDEX runs_config_hash ON runs(config_hash, started_unix);
+
+CREATE TABLE frames (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    frame_id INTEGER NOT NULL,
+    t_sched REAL NOT NULL,
+    t_capture REAL NOT NULL,
+    t_dispatch REAL,
+    t_done REAL,
+    lateness_ms REAL,
+    grab_ms REAL,
+    pre_ms REAL,
+    infer_ms REAL,
+    decode_ms REAL,
+    total_ms REAL,
+    queue_len INTEGER,
+    frame_age_ms REAL,
+    e2e_ms REAL,
+    drop_count INTEGER,
+    stale_count INTEGER,
+    out_tokens INTEGER,
+    vision_tokens INTEGER,
+    audio_tokens INTEGER,
+    error TEXT,
+    first INTEGER NOT NULL DEFAULT 0,
+    warmup INTEGER NOT NULL DEFAULT 0,
+    skipped INTEGER NOT NULL DEFAULT 0,
+    session_dropped INTEGER,
+    pending INTEGER,
+    output_kind TEXT,
+    output_latency_ms REAL,
+    first_emit_ms REAL,
+    emitted INTEGER,
+    extra TEXT,
+    PRIMARY KEY (run_id, frame_id)
+) WITHOUT ROWID;
+
+CREATE TABLE samples (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    t REAL NOT NULL,
+    wall REAL NOT NULL,
+    lag_ms REAL,
+    tick_ms REAL,
+    {_sample_cols_sql},
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE emissions (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    frame_id INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    t_emit REAL NOT NULL,
+    interval_ms REAL,
+    chunk INTEGER,
+    chunk_frames INTEGER,
+    chunk_ms REAL,
+    PRIMARY KEY (run_id, frame_id, idx)
+) WITHOUT ROWID;
+
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    t REAL,
+    wall REAL,
+    kind TEXT NOT NULL,
+    frame_id INTEGER,
+    message TEXT,
+    data TEXT
+);
+CREATE INDEX events_run ON events(run_id, kind);
+
+CREATE TABLE verdicts (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    criterion TEXT NOT NULL,
+    status TEXT NOT NULL,                   -- pass | fail | invalid | n/a
+    value REAL,
+    threshold REAL,
+    unit TEXT,
+    detail TEXT,
+    evidence TEXT,                          -- JSON
+    PRIMARY KEY (run_id, criterion)
+);
+
+CREATE TABLE baselines (
+    name TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    created_at TEXT NOT NULL
+);
+
+-- Post-warm-up frames that were dispatched: what every statistic is computed on.
+CREATE VIEW measured_frames AS
+SELECT * FROM frames WHERE warmup = 0 AND skipped = 0;
+
+-- One row per run: the questions people ask first.
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, r.name, r.mode, r.status, r.verdict, r.workload_kind, r.fps,
+       r.started_at, r.duration_s,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id) AS frames,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id AND f.warmup = 0
+            AND f.skipped = 0) AS measured_frames,
+       (SELECT max(drop_count) FROM frames f WHERE f.run_id = r.id) AS drops,
+       (SELECT max(stale_count) FROM frames f WHERE f.run_id = r.id) AS stale,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id AND f.error IS NOT NULL) AS errors,
+       (SELECT round(avg(total_ms), 3) FROM measured_frames f WHERE f.run_id = r.id)
+            AS avg_total_ms,
+       (SELECT round(max(infer_ms), 3) FROM measured_frames f WHERE f.run_id = r.id)
+            AS max_infer_ms,
+       (SELECT max(rss_bytes) FROM samples s WHERE s.run_id = r.id) AS peak_rss_bytes,
+       (SELECT max(gpu_mem_used_bytes) FROM samples s WHERE s.run_id = r.id)
+            AS peak_gpu_mem_bytes,
+       (SELECT count(*) FROM samples s WHERE s.run_id = r.id) AS samples
+FROM runs r;
+
+-- Per-second aggregates of the frames: "when did frame age start rising?" is one query.
+CREATE VIEW frames_per_second AS
+SELECT run_id, CAST(t_capture AS INTEGER) AS second,
+       count(*) AS frames,
+       sum(skipped) AS skipped,
+       sum(error IS NOT NULL) AS errors,
+       max(drop_count) AS drop_count,
+       max(stale_count) AS stale_count,
+       avg(grab_ms) AS grab_ms_avg, avg(pre_ms) AS pre_ms_avg,
+       avg(infer_ms) AS infer_ms_avg, max(infer_ms) AS infer_ms_max,
+       avg(decode_ms) AS decode_ms_avg, avg(total_ms) AS total_ms_avg,
+       avg(frame_age_ms) AS frame_age_ms_avg, max(frame_age_ms) AS frame_age_ms_max,
+       avg(e2e_ms) AS e2e_ms_avg, max(queue_len) AS queue_len_max,
+       max(warmup) AS warmup
+FROM frames GROUP BY run_id, second;
+
+-- Per-second aggregates of the telemetry.
+CREATE VIEW samples_per_second AS
+SELECT run_id, CAST(t AS INTEGER) AS second, count(*) AS samples,
+       min(rss_bytes) AS rss_bytes_min, max(rss_bytes) AS rss_bytes_max,
+       avg(cpu_pct) AS cpu_pct_avg,
+       min(gpu_mem_used_bytes) AS gpu_mem_used_bytes_min,
+       max(gpu_mem_used_bytes) AS gpu_mem_used_bytes_max,
+       avg(gpu_util_pct) AS gpu_util_pct_avg,
+       max(torch_reserved_bytes) AS torch_reserved_bytes_max,
+       max(tick_ms) AS tick_ms_max, max(lag_ms) AS lag_ms_max
+FROM samples GROUP BY run_id, second;
+""",
+    ),
+]
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Apply pending migrations; returns the names applied."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    done = {r[0] for r in conn.execute("SELECT name FROM _migrations")}
+    applied = []
+    for name, script in MIGRATIONS:
+        if name in done:
+            continue
+        # executescript commits first; wrap the script in its own transaction
+        conn.executescript(
+            "BEGIN IMMEDIATE;\n"
+            + script
+            + f"\nINSERT INTO _migrations VALUES ('{name}', "
+            f"'{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}');\nCOMMIT;"
+        )
+        applied.append(name)
+    return applied

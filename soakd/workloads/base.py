@@ -1,0 +1,112 @@
+"""The workload protocols: the only thing soakd needs to know about a model.
+
+Three shapes cover the systems soakd exists for (see docs/workloads.md):
+
+* ``StagedWorkload`` (any HF VLM, audio-visual Q&A): soakd calls ``preprocess``,
+  ``infer`` and ``decode`` in turn and times each; on CUDA each stage ends after
+  ``sync()``.
+* ``SessionWorkload`` (MOSS-VL-Realtime ``create_realtime_session``): soakd pushes paced
+  frames and polls outputs; stages the model hides are stored as NULL, never invented.
+* ``GeneratorWorkload`` (Matrix-Game style frame generation): one request per tick, frames
+  come back through an ``emit`` callback, singly or in chunks.
+
+A workload is built by a factory from the validated ``[workload]`` settings and a
+``WorkloadContext``. ``setup`` loads the model (and may call ``ctx.extend_timeout`` while
+loading, which systemd turns into ``EXTEND_TIMEOUT_USEC``); ``describe`` returns every
+setting that changes timing so it is stored with the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from soakd.records import Frame, StageOutput
+
+Shape = Literal["staged", "session", "generator"]
+
+
+class WorkloadError(Exception):
+    """Raised at build or setup time for a problem the user can fix (bad path, missing
+    trust_remote_code, unimportable factory...). The message is one line naming it."""
+
+
+@dataclass(slots=True)
+class WorkloadContext:
+    """What a workload may use from the harness."""
+
+    seed: int = 0
+    width: int = 640  # source frame size, for shape checks and tiny models
+    height: int = 480
+    fps: float = 1.0
+    audio_rate: int | None = None  # Hz, when an audio source is configured
+    cache_dir: str | None = None  # where built-in tiny models are saved and loaded from
+    extend_timeout: Callable[[float], None] = field(default=lambda seconds: None)
+    log: Any = None  # a structlog logger bound to the run
+
+
+@runtime_checkable
+class StagedWorkload(Protocol):
+    shape: Literal["staged"]
+
+    def setup(self) -> None: ...
+    def preprocess(self, frame: Frame) -> Any: ...
+    def infer(self, inputs: Any) -> Any: ...
+    def decode(self, outputs: Any) -> StageOutput: ...
+    def sync(self) -> None: ...  # wait for the device (CUDA synchronize); no-op on CPU
+    def describe(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class PushResult:
+    dropped: bool  # the session dropped its oldest pending frame to take this one
+    pending: int | None  # frames pending inside the session after the push
+
+
+@dataclass(slots=True)
+class SessionOutput:
+    text: str
+    kind: Literal["text", "silence", "control"]
+    t_ns: int  # monotonic time the output was received by soakd
+
+
+@runtime_checkable
+class SessionWorkload(Protocol):
+    shape: Literal["session"]
+
+    def setup(self) -> None: ...
+    def start(self) -> None: ...
+    def push(self, frame: Frame) -> PushResult: ...
+    def poll(self, timeout_s: float) -> list[SessionOutput]: ...
+    def describe(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class GeneratorTimings:
+    """What a generator reports for one request, where it knows it (ms, else None)."""
+
+    pre_ms: float | None = None
+    infer_ms: float | None = None  # e.g. the denoise steps
+    decode_ms: float | None = None  # e.g. the VAE decode
+    extra: dict[str, Any] | None = None
+
+
+# emit(n_frames, chunk_ms) is called by the generator each time it hands frames to its
+# output; soakd stamps the time and amortises the chunk over its frames.
+EmitFn = Callable[[int], None]
+
+
+@runtime_checkable
+class GeneratorWorkload(Protocol):
+    shape: Literal["generator"]
+
+    def setup(self) -> None: ...
+    def generate(self, frame: Frame, emit: EmitFn) -> GeneratorTimings: ...
+    def describe(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+Workload = StagedWorkload | SessionWorkload | GeneratorWorkload

@@ -1,0 +1,60 @@
+"""Build a workload from its validated settings.
+
+Built-in kinds map to a ``build(settings, ctx)`` function in their own module, imported only
+when used (so a synthetic run never imports torch). Other packages register workloads in
+the ``soakd.workloads`` entry-point group: ``name = "package.module:factory"``; the factory
+is called as ``factory(options: dict, ctx: WorkloadContext)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any
+
+from soakd.workloads.base import WorkloadContext, WorkloadError
+
+BUILDERS: dict[str, str] = {
+    "synthetic": "soakd.workloads.synthetic:build",
+    "tiny-vlm": "soakd.workloads.hf:build_tiny",
+    "hf": "soakd.workloads.hf:build_hf",
+    "session": "soakd.workloads.session:build",
+    "generator": "soakd.workloads.generator:build",
+    "av": "soakd.workloads.av:build",
+    "python": "soakd.workloads.plugin:build_python",
+}
+
+
+@cache
+def entry_point_names() -> tuple[str, ...]:
+    return tuple(sorted(ep.name for ep in entry_points(group="soakd.workloads")))
+
+
+def resolve(ref: str) -> Any:
+    """Import ``package.module:attr`` (attr may be dotted) or raise WorkloadError."""
+    mod_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except Exception as exc:  # ImportError, or the module raising on import
+        raise WorkloadError(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise WorkloadError(f"{ref!r}: module {mod_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def build_workload(settings: Any, ctx: WorkloadContext) -> Any:
+    kind = settings.kind
+    if kind in BUILDERS:
+        return resolve(BUILDERS[kind])(settings, ctx)
+    for ep in entry_points(group="soakd.workloads"):
+        if ep.name == kind:
+            try:
+                factory = ep.load()
+            except Exception as exc:
+                raise WorkloadError(f"workload {kind!r}: cannot load entry point {ep.value!r}: {exc}") from exc
+            return factory(dict(settings.options), ctx)
+    raise WorkloadError(f"unknown workload kind {kind!r}")
