@@ -33,8 +33,10 @@ class ConfigError(ValueError):
     """A configuration problem; ``str(err)`` is one line naming the key path."""
 
 
-_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
-                          r"(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$")
+_DURATION_RE = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
+    r"(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$"
+)
 
 
 def parse_duration(value: Any) -> float:
@@ -434,9 +436,7 @@ def _format_error(err: ValidationError) -> str:
         msg = "unknown key"
     elif e["type"] == "missing":
         msg = "required key is missing"
-    elif "input" in e and e["type"] not in ("value_error",) and not isinstance(
-        e["input"], dict
-    ):
+    elif "input" in e and e["type"] not in ("value_error",) and not isinstance(e["input"], dict):
         msg = f"{msg[:1].lower()}{msg[1:]}, got {e['input']!r}"
     path = ".".join(loc) or "config"
     more = len(err.errors()) - 1

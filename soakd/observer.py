@@ -41,7 +41,9 @@ class Progress:
     stale: int
     errors: int
     age_p50_ms: float | None
-    stage_p50_ms: dict[str, float | None] = field(default_factory=dict)  # grab/pre/infer/decode/total
+    stage_p50_ms: dict[str, float | None] = field(
+        default_factory=dict
+    )  # grab/pre/infer/decode/total
     rss_bytes: int | None = None
     gpu_mem_bytes: int | None = None
     warmup: bool = False

@@ -17,7 +17,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,9 @@ def _describe_os_error(path: Path, exc: BaseException) -> str:
         if "readonly" in low or "read-only" in low:
             return f"{path}: the run database is read-only"
         if "unable to open" in low:
-            return f"{path}: cannot open the run database (does the folder exist and is it writable?)"
+            return (
+                f"{path}: cannot open the run database (does the folder exist and is it writable?)"
+            )
         if "disk is full" in low or "database or disk is full" in low:
             return f"{path}: disk full while writing the run database"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -64,7 +66,9 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
-def connect(path: str | Path, *, readonly: bool = False, mark_orphans: bool = True) -> sqlite3.Connection:
+def connect(
+    path: str | Path, *, readonly: bool = False, mark_orphans: bool = True
+) -> sqlite3.Connection:
     """Open the run database (WAL, busy timeout, migrations applied).
 
     Runs whose status is still ``running`` but whose process is gone are marked
@@ -76,8 +80,9 @@ def connect(path: str | Path, *, readonly: bool = False, mark_orphans: bool = Tr
             raise StoreError(f"{p}: no run database here")
         uri = f"file:{p}?mode=ro"
         try:
-            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
-                                   check_same_thread=False)
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+            )
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             conn.execute("SELECT 1 FROM runs LIMIT 1")
         except sqlite3.Error as exc:
@@ -87,8 +92,9 @@ def connect(path: str | Path, *, readonly: bool = False, mark_orphans: bool = Tr
     if p.parent and not p.parent.exists():
         raise StoreError(f"{p}: folder {p.parent} does not exist")
     try:
-        conn = sqlite3.connect(p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
@@ -134,12 +140,37 @@ def _json(v: Any) -> str | None:
 
 def frame_row(run_id: str, r: FrameRecord) -> tuple[Any, ...]:
     return (
-        run_id, r.frame_id, r.t_sched, r.t_capture, r.t_dispatch, r.t_done, r.lateness_ms,
-        r.grab_ms, r.pre_ms, r.infer_ms, r.decode_ms, r.total_ms, r.queue_len,
-        r.frame_age_ms, r.e2e_ms, r.drop_count, r.stale_count, r.out_tokens,
-        r.vision_tokens, r.audio_tokens, r.error, int(r.first), int(r.warmup),
-        int(r.skipped), r.session_dropped, r.pending, r.output_kind, r.output_latency_ms,
-        r.first_emit_ms, r.emitted, _json(r.extra),
+        run_id,
+        r.frame_id,
+        r.t_sched,
+        r.t_capture,
+        r.t_dispatch,
+        r.t_done,
+        r.lateness_ms,
+        r.grab_ms,
+        r.pre_ms,
+        r.infer_ms,
+        r.decode_ms,
+        r.total_ms,
+        r.queue_len,
+        r.frame_age_ms,
+        r.e2e_ms,
+        r.drop_count,
+        r.stale_count,
+        r.out_tokens,
+        r.vision_tokens,
+        r.audio_tokens,
+        r.error,
+        int(r.first),
+        int(r.warmup),
+        int(r.skipped),
+        r.session_dropped,
+        r.pending,
+        r.output_kind,
+        r.output_latency_ms,
+        r.first_emit_ms,
+        r.emitted,
+        _json(r.extra),
     )
 
 
@@ -158,7 +189,9 @@ def event_row(run_id: str, e: Event) -> tuple[Any, ...]:
 
 def _insert_sql(table: str, cols: Iterable[str]) -> str:
     cols = list(cols)
-    return f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    return (
+        f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    )
 
 
 _SQL = {
@@ -167,7 +200,12 @@ _SQL = {
     Emission: _insert_sql("emissions", EMISSION_COLUMNS),
     Event: _insert_sql("events", EVENT_COLUMNS),
 }
-_ROW = {FrameRecord: frame_row, Sample: sample_row, Emission: emission_row, Event: event_row}
+_ROW: dict[type, Callable[[str, Any], tuple[Any, ...]]] = {
+    FrameRecord: frame_row,
+    Sample: sample_row,
+    Emission: emission_row,
+    Event: event_row,
+}
 
 
 class StoreWriter:
@@ -175,8 +213,9 @@ class StoreWriter:
 
     _STOP = object()
 
-    def __init__(self, path: str | Path, run_id: str, *, flush_interval_s: float = 0.5,
-                 max_batch: int = 5000) -> None:
+    def __init__(
+        self, path: str | Path, run_id: str, *, flush_interval_s: float = 0.5, max_batch: int = 5000
+    ) -> None:
         self.path = Path(path)
         self.run_id = run_id
         self.flush_interval_s = flush_interval_s

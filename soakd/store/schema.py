@@ -46,7 +46,15 @@ FRAME_COLUMNS: tuple[str, ...] = (
     "extra",
 )
 
-SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "seq", "t", "wall", "lag_ms", "tick_ms", *SAMPLE_FIELDS)
+SAMPLE_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "seq",
+    "t",
+    "wall",
+    "lag_ms",
+    "tick_ms",
+    *SAMPLE_FIELDS,
+)
 
 EMISSION_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -249,9 +257,7 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
             continue
         # executescript commits first; wrap the script in its own transaction
         conn.executescript(
-            "BEGIN IMMEDIATE;\n"
-            + script
-            + f"\nINSERT INTO _migrations VALUES ('{name}', "
+            "BEGIN IMMEDIATE;\n" + script + f"\nINSERT INTO _migrations VALUES ('{name}', "
             f"'{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}');\nCOMMIT;"
         )
         applied.append(name)

@@ -55,6 +55,8 @@ def build_workload(settings: Any, ctx: WorkloadContext) -> Any:
             try:
                 factory = ep.load()
             except Exception as exc:
-                raise WorkloadError(f"workload {kind!r}: cannot load entry point {ep.value!r}: {exc}") from exc
+                raise WorkloadError(
+                    f"workload {kind!r}: cannot load entry point {ep.value!r}: {exc}"
+                ) from exc
             return factory(dict(settings.options), ctx)
     raise WorkloadError(f"unknown workload kind {kind!r}")

@@ -1,0 +1,43 @@
+"""Shared CLI plumbing: the --db option, error reporting, exit codes."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import typer
+
+from soakd.errors import ExitCode, SoakdError
+from soakd.store import db as store
+
+DB_HELP = "Run database (default: $STATE_DIRECTORY/soakd.db under systemd, else ./soakd.db)."
+
+
+def default_db_path(db: Path | None = None) -> Path:
+    if db is not None:
+        return db
+    state = os.environ.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0]) / "soakd.db"
+    return Path("soakd.db")
+
+
+def error(message: str, code: ExitCode | int = ExitCode.USAGE) -> typer.Exit:
+    """Print a one-line error to stderr and return the Exit to raise."""
+    print(f"soakd: error: {message}", file=sys.stderr)
+    return typer.Exit(int(code))
+
+
+def open_db(db: Path | None) -> sqlite3.Connection:
+    """Open an existing run database for a read-mostly command (marks orphaned runs)."""
+    path = default_db_path(db)
+    if not path.exists():
+        raise error(f"{path}: no run database here (run `soakd run` first or pass --db)")
+    try:
+        return store.connect(path)
+    except SoakdError as exc:
+        raise error(str(exc), exc.exit_code) from None
+    except store.StoreError as exc:
+        raise error(str(exc)) from None

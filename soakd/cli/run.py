@@ -1,0 +1,253 @@
+"""``soakd run``, ``soakd runs``, ``soakd show``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from soakd.cli.common import DB_HELP, error, open_db
+from soakd.config import ConfigError, load_settings, parse_duration
+from soakd.display import LiveDisplay, fmt_bytes, summary_table
+from soakd.errors import ExitCode, SoakdError
+from soakd.logs import FrameLogObserver, configure_logging
+from soakd.observer import Observer
+from soakd.store import queries
+
+
+def _settings(config: Path | None, overrides: list[str], flags: dict[str, Any]) -> Any:
+    try:
+        return load_settings(config, overrides=overrides, flags=flags)
+    except ConfigError as exc:
+        raise error(str(exc)) from None
+
+
+def _duration(v: str | None) -> float | None:
+    if v is None:
+        return None
+    try:
+        return parse_duration(v)
+    except ValueError as exc:
+        raise error(f"--duration: {exc}") from None
+
+
+def _observers(settings: Any, *, live: bool, log_every: int) -> list[Observer]:
+    obs: list[Observer] = []
+    if live:
+        obs.append(LiveDisplay())
+    else:
+        obs.append(FrameLogObserver(log_every))
+    if settings.service.notify and os.environ.get("NOTIFY_SOCKET"):
+        from soakd.service.systemd_observer import SystemdObserver
+
+        sd = SystemdObserver.from_env()
+        if sd is not None:
+            obs.append(sd)
+    if settings.service.metrics_addr:
+        from soakd.service.metrics import open_metrics
+
+        try:
+            obs.append(open_metrics(settings.service.metrics_addr))
+        except SoakdError as exc:
+            raise error(str(exc), exc.exit_code) from None
+    return obs
+
+
+def run_cmd(
+    config: Annotated[Path | None, typer.Argument(help="TOML config (default: embedded).")] = None,
+    duration: Annotated[str | None, typer.Option(help="Soak length, e.g. 10m, 90s.")] = None,
+    fps: Annotated[float | None, typer.Option(help="Target frame rate.")] = None,
+    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a key: section.key=value (repeatable)."),
+    ] = None,
+    metrics_addr: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve Prometheus metrics on HOST:PORT (loopback unless told otherwise)."
+        ),
+    ] = None,
+    live: Annotated[
+        bool | None,
+        typer.Option(
+            "--live/--no-live", help="Live display (default: on when stderr is a terminal)."
+        ),
+    ] = None,
+    log_json: Annotated[
+        bool | None,
+        typer.Option(
+            "--log-json/--log-text", help="Log format (default: JSON unless stderr is a terminal)."
+        ),
+    ] = None,
+) -> None:
+    """Soak the configured workload at a fixed frame rate; store every frame and telemetry
+    sample; judge the run. Exit code: 0 PASS, 1 FAIL, 2 usage/config error, 3 INVALID,
+    4 internal error."""
+    flags = {
+        "run.duration": _duration(duration),
+        "run.fps": fps,
+        "run.db": str(db) if db is not None else None,
+        "service.metrics_addr": metrics_addr,
+    }
+    settings = _settings(config, set_ or [], flags)
+    tty = sys.stderr.isatty()
+    use_live = tty if live is None else live
+    configure_logging(json=log_json, level="warning" if use_live else "info")
+    raise typer.Exit(execute_run(settings, live=use_live))
+
+
+def execute_run(settings: Any, *, live: bool) -> int:
+    from soakd.runner import Run
+
+    console = Console()
+    observers = _observers(settings, live=live, log_every=settings.run.log_every)
+    stop = threading.Event()
+    try:
+        run = Run(settings, observers=observers, stop=stop)
+    except SoakdError as exc:
+        raise error(str(exc), exc.exit_code) from None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        run.request_stop(f"signal {name}")
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, on_signal)
+    try:
+        result = run.execute()
+    except SoakdError as exc:
+        raise error(str(exc), exc.exit_code) from None
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    _print_end(console, settings, result)
+    return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)
+
+
+def _print_end(console: Console, settings: Any, result: Any) -> None:
+    from soakd.store import db as store
+
+    conn = store.connect(settings.resolved_db())
+    try:
+        run = queries.get_run(conn, result.run_id)
+        console.print(summary_table(run, queries.stage_stats(conn, result.run_id)))
+        s = result.summary
+        console.print(
+            f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
+            f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
+            f"achieved {s.get('achieved_fps')} fps over {s.get('duration_s')} s"
+            + (f"; aborted: {result.reason}" if result.status != "completed" else "")
+        )
+    finally:
+        conn.close()
+    if result.verdict is not None:
+        try:
+            from soakd.analysis import format_verdict_table
+
+            console.print(format_verdict_table(result.verdict))
+        except ImportError:
+            console.print(f"verdict: {result.verdict.status}")
+
+
+def runs_cmd(
+    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 20,
+    mode: Annotated[
+        str | None, typer.Option(help="Only runs of this mode (soak, profile).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+) -> None:
+    """List runs in the database, newest first."""
+    conn = open_db(db)
+    rows = queries.list_runs(conn, limit=limit, mode=mode)
+    if as_json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    t = Table()
+    for c in (
+        "run_id",
+        "mode",
+        "status",
+        "verdict",
+        "workload",
+        "fps",
+        "started",
+        "dur s",
+        "frames",
+        "drops",
+        "errors",
+    ):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(
+            r["run_id"],
+            r["mode"],
+            r["status"],
+            r["verdict"] or "-",
+            r["workload_kind"] or "-",
+            f"{r['fps']:g}" if r["fps"] else "-",
+            r["started_at"],
+            f"{r['duration_s']:.1f}" if r["duration_s"] else "-",
+            str(r["frames"]),
+            str(r["drops"] or 0),
+            str(r["errors"]),
+        )
+    Console().print(t)
+
+
+def show_cmd(
+    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
+    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
+) -> None:
+    """Summarise one run: status, stage statistics, counters, events, verdict."""
+    if run_id is None and not latest:
+        raise error("give a RUN_ID or --latest")
+    conn = open_db(db)
+    try:
+        rid = queries.resolve_run_id(conn, run_id, latest=latest)
+        run = queries.get_run(conn, rid)
+        stages = queries.stage_stats(conn, rid)
+        evs = queries.events(
+            conn, rid, ("error", "oom", "stall", "source_end", "signal", "crashed", "end")
+        )
+    except SoakdError as exc:
+        raise error(str(exc), exc.exit_code) from None
+    if as_json:
+        print(json.dumps({"run": run, "stages": stages, "events": evs[:50]}, default=str, indent=2))
+        return
+    console = Console()
+    console.print(summary_table(run, stages))
+    s = run.get("summary") or {}
+    console.print(
+        f"workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
+        f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
+        + (f", reason: {run['reason']}" if run.get("reason") else "")
+    )
+    if s:
+        console.print(
+            f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
+            f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
+            f"peak RSS {fmt_bytes(queries.peak(conn, rid, 'rss_bytes'))}"
+        )
+    for e in evs[:20]:
+        console.print(f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_cmd)
+    app.command("runs")(runs_cmd)
+    app.command("show")(show_cmd)

@@ -1,0 +1,101 @@
+"""The fixed-rate producer: captures a frame at absolute deadlines on the monotonic clock.
+
+Deadline ``k`` is ``t0 + k * period``. When the capture falls behind by a whole period or
+more, the pacer skips ahead to the next deadline that is still in the future (counting the
+ticks it missed) rather than bursting to catch up. Every frame keeps its scheduled time, its
+capture time and how late the grab started.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from soakd.clock import Clock
+from soakd.queue import FrameQueue
+from soakd.records import Frame
+
+ReadFn = Callable[[], tuple[np.ndarray, float | None]]
+
+
+class Pacer:
+    def __init__(
+        self,
+        read: ReadFn,
+        queue: FrameQueue,
+        *,
+        fps: float,
+        clock: Clock,
+        t0_ns: int,
+        on_end: Callable[[BaseException], None],
+        audio: Any = None,
+        audio_rate: int | None = None,
+    ) -> None:
+        self.read = read
+        self.queue = queue
+        self.period_ns = round(1e9 / fps)
+        self.clock = clock
+        self.t0_ns = t0_ns
+        self.on_end = on_end
+        self.audio = audio
+        self.audio_rate = audio_rate
+        self._audio_pos = 0  # samples delivered so far
+        self.stop_event = threading.Event()
+        self.captured = 0
+        self.missed_ticks = 0
+        self.thread = threading.Thread(target=self._loop, name="soakd-pacer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_event.set()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+
+    def _audio_chunk(self, t_ns: int) -> np.ndarray | None:
+        if self.audio is None or not self.audio_rate:
+            return None
+        due = int((t_ns - self.t0_ns) * self.audio_rate // 1_000_000_000)
+        n = due - self._audio_pos
+        if n <= 0:
+            return np.zeros(0, dtype=np.float32)
+        self._audio_pos = due
+        return self.audio.read(n)
+
+    def _loop(self) -> None:
+        clock, period, stop = self.clock, self.period_ns, self.stop_event
+        k = 0
+        fid = 0
+        try:
+            while True:
+                deadline = self.t0_ns + k * period
+                now = clock.now_ns()
+                if now - deadline >= period:  # late by a whole period: skip ahead, no burst
+                    k_next = (now - self.t0_ns) // period + 1
+                    self.missed_ticks += k_next - k
+                    k = k_next
+                    deadline = self.t0_ns + k * period
+                if not clock.sleep_until(deadline, stop):
+                    return
+                start = clock.now_ns()
+                image, source_ts = self.read()
+                done = clock.now_ns()
+                frame = Frame(
+                    id=fid,
+                    t_sched_ns=deadline,
+                    t_capture_ns=done,
+                    grab_ns=done - start,
+                    image=image,
+                    audio=self._audio_chunk(done),
+                    source_ts=source_ts,
+                )
+                self.queue.put(frame)
+                self.captured += 1
+                fid += 1
+                k += 1
+        except BaseException as exc:  # the source ended or failed: the runner decides
+            self.on_end(exc)

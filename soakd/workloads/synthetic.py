@@ -1,0 +1,132 @@
+"""A torch-free workload with planted behaviour, so every verdict can be tested against a
+known truth.
+
+Stage times are real sleeps (mean ``pre_ms`` / ``infer_ms`` / ``decode_ms``, lognormal noise
+of relative sigma ``jitter``). ``spike_every`` makes every Nth frame's infer ``spike_ms``
+longer; ``drift_ms_per_min`` makes infer grow linearly with elapsed time. Memory is real:
+``leak_mb_per_min`` allocates, touches and keeps memory; ``sawtooth_mb`` allocates up to that
+size over ``sawtooth_period_s`` and releases it, repeatedly. ``error_every`` makes every Nth
+infer raise; ``stall_after_s`` makes infer block (until the workload is closed) once the
+workload is that old.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any, Literal
+
+import numpy as np
+
+from soakd.config import SyntheticWorkload as SyntheticSettings
+from soakd.records import Frame, StageOutput
+from soakd.workloads.base import WorkloadContext
+
+_MB = 1 << 20
+_CHUNK = _MB  # memory is held in 1 MiB arrays: large enough to be mmapped and freed to the OS
+
+
+class SyntheticError(RuntimeError):
+    """The planted error of ``error_every``."""
+
+
+def _touched(nbytes: int) -> np.ndarray:
+    a = np.empty(nbytes, dtype=np.uint8)
+    a[::4096] = 1  # touch every page so it counts in RSS
+    return a
+
+
+class Synthetic:
+    shape: Literal["staged"] = "staged"
+
+    def __init__(self, settings: SyntheticSettings, ctx: WorkloadContext) -> None:
+        self.s = settings
+        self._rng = np.random.default_rng(settings.seed)
+        self._n = 0
+        self._t0: float | None = None
+        self._leak: list[np.ndarray] = []
+        self._leaked = 0
+        self._saw: list[np.ndarray] = []
+        self._closed = threading.Event()
+        sigma = settings.jitter
+        # lognormal with mean 1: exp(N(-sigma^2/2, sigma))
+        self._mu = -0.5 * sigma * sigma
+        self._sigma = sigma
+
+    # --- helpers
+    def _elapsed(self) -> float:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        return time.perf_counter() - self._t0
+
+    def _noisy(self, ms: float) -> float:
+        if ms <= 0:
+            return 0.0
+        if self._sigma == 0:
+            return ms
+        return ms * math.exp(self._rng.normal(self._mu, self._sigma))
+
+    def _sleep(self, ms: float) -> None:
+        if ms > 0:
+            self._closed.wait(ms / 1000.0)
+
+    def _memory(self, elapsed: float) -> None:
+        s = self.s
+        if s.leak_mb_per_min > 0:
+            target = int(s.leak_mb_per_min * _MB * elapsed / 60.0)
+            while self._leaked + _CHUNK <= target:
+                self._leak.append(_touched(_CHUNK))
+                self._leaked += _CHUNK
+        if s.sawtooth_mb > 0:
+            phase = (elapsed % s.sawtooth_period_s) / s.sawtooth_period_s
+            want = int(s.sawtooth_mb * phase)  # MiB held now: ramps up, then drops to 0
+            held = len(self._saw)
+            if want > held:
+                self._saw.extend(_touched(_CHUNK) for _ in range(want - held))
+            elif want < held:
+                del self._saw[want:]
+
+    # --- the staged protocol
+    def setup(self) -> None:
+        self._elapsed()
+
+    def preprocess(self, frame: Frame) -> Any:
+        self._sleep(self._noisy(self.s.pre_ms))
+        return frame.id
+
+    def infer(self, inputs: Any) -> Any:
+        s = self.s
+        self._n += 1
+        n = self._n
+        elapsed = self._elapsed()
+        self._memory(elapsed)
+        if s.stall_after_s > 0 and elapsed >= s.stall_after_s:
+            self._closed.wait()  # blocks until close(): a hung model
+            raise SyntheticError("synthetic stall released by close()")
+        ms = self._noisy(s.infer_ms + s.drift_ms_per_min * elapsed / 60.0)
+        if s.spike_every and n % s.spike_every == 0:
+            ms += s.spike_ms
+        self._sleep(ms)
+        if s.error_every and n % s.error_every == 0:
+            raise SyntheticError(f"planted error on infer call {n}")
+        return n
+
+    def decode(self, outputs: Any) -> StageOutput:
+        self._sleep(self._noisy(self.s.decode_ms))
+        return StageOutput(text=f"frame {outputs}", tokens=1)
+
+    def sync(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "synthetic", **self.s.model_dump()}
+
+    def close(self) -> None:
+        self._closed.set()
+        self._leak.clear()
+        self._saw.clear()
+
+
+def build(settings: SyntheticSettings, ctx: WorkloadContext) -> Synthetic:
+    return Synthetic(settings, ctx)
