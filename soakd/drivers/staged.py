@@ -49,6 +49,7 @@ def drive(ctx: DriverContext) -> None:
             continue
         frame, qlen = got
         t_dispatch = now()
+        drops = ctx.drops  # frames dropped before this one was dispatched
         age_ns = t_dispatch - frame.t_capture_ns
         lateness_ms = (frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6
         grab_ms = frame.grab_ns / 1e6
@@ -66,7 +67,7 @@ def drive(ctx: DriverContext) -> None:
                     grab_ms=grab_ms,
                     queue_len=qlen,
                     frame_age_ms=age_ns / 1e6,
-                    drop_count=ctx.drops,
+                    drop_count=drops,
                     stale_count=c.stale,
                     warmup=warm,
                     skipped=True,
@@ -126,7 +127,7 @@ def drive(ctx: DriverContext) -> None:
                 queue_len=qlen,
                 frame_age_ms=age_ns / 1e6,
                 e2e_ms=(t4 - frame.t_sched_ns) / 1e6,
-                drop_count=ctx.drops,
+                drop_count=drops,
                 stale_count=c.stale,
                 out_tokens=out.tokens if out is not None else None,
                 vision_tokens=out.vision_tokens if out is not None else None,

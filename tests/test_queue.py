@@ -1,0 +1,58 @@
+"""The frame queue: bounded, drop-oldest, newest-or-oldest consumption, drops counted."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from soakd.queue import FrameQueue
+from soakd.records import Frame
+
+IMG = np.zeros((2, 2, 3), np.uint8)
+
+
+def f(i: int) -> Frame:
+    return Frame(id=i, t_sched_ns=i, t_capture_ns=i, grab_ns=0, image=IMG)
+
+
+def test_full_queue_drops_oldest() -> None:
+    """Putting into a full queue evicts the oldest frame and counts one drop."""
+    q = FrameQueue(2, "oldest")
+    for i in range(5):
+        q.put(f(i))
+    assert q.drops == 3
+    got = q.get(0)
+    assert got is not None and got[0].id == 3 and got[1] == 2
+
+
+def test_newest_consumption_drops_the_rest() -> None:
+    """consume=newest takes the newest frame and counts the ones it skipped as drops."""
+    q = FrameQueue(3, "newest")
+    for i in range(3):
+        q.put(f(i))
+    got = q.get(0)
+    assert got is not None and got[0].id == 2 and got[1] == 3
+    assert q.drops == 2 and len(q) == 0
+
+
+def test_get_times_out_and_close_wakes_consumer() -> None:
+    """An empty queue returns None after the timeout; close() wakes a waiting consumer."""
+    q = FrameQueue(1)
+    assert q.get(0.01) is None
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(q.get(5)))
+    t.start()
+    q.close()
+    t.join(2)
+    assert not t.is_alive() and out == [None] and q.closed
+
+
+def test_max_queue_one_never_holds_two() -> None:
+    """With max_queue=1 (the default) a slow consumer always sees the latest frame."""
+    q = FrameQueue(1)
+    for i in range(10):
+        q.put(f(i))
+        assert len(q) == 1
+    got = q.get(0)
+    assert got is not None and got[0].id == 9 and q.drops == 9

@@ -1,0 +1,142 @@
+"""The run database: migrations, WAL, the writer thread, orphaned runs, bad paths."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from soakd.records import Event, FrameRecord, Sample
+from soakd.store import db as store
+from soakd.store.schema import MIGRATIONS
+
+
+def _insert_run(conn: sqlite3.Connection, rid: str, pid: int, status: str = "running") -> None:
+    conn.execute(
+        "INSERT INTO runs (id, status, started_at, started_unix, pid, host, config, config_hash)"
+        " VALUES (?, ?, '2026-01-01T00:00:00Z', ?, ?, ?, '{}', 'h')",
+        (rid, status, time.time(), pid, os.uname().nodename),
+    )
+
+
+def test_migrations_are_recorded_and_idempotent(db_path: Path) -> None:
+    """Opening twice applies each migration once and records it in _migrations."""
+    store.connect(db_path).close()
+    conn = store.connect(db_path)
+    names = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
+    assert names == [m[0] for m in MIGRATIONS]
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    views = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='view'")}
+    assert {"run_summary", "frames_per_second", "samples_per_second", "measured_frames"} <= views
+
+
+def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
+    """Rows put into the writer are visible to another connection within a flush interval,
+    before the writer is closed (a crash loses at most that)."""
+    conn = store.connect(db_path)
+    _insert_run(conn, "r1", os.getpid())
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.2)
+    w.start()
+    for i in range(50):
+        w.put(
+            FrameRecord(
+                frame_id=i,
+                t_sched=i,
+                t_capture=i,
+                t_dispatch=i,
+                t_done=i,
+                lateness_ms=0,
+                grab_ms=1,
+                total_ms=5,
+            )
+        )
+    reader = sqlite3.connect(db_path)
+    deadline = time.monotonic() + 1.0
+    n = 0
+    while time.monotonic() < deadline and n < 50:
+        n = reader.execute("SELECT count(*) FROM frames").fetchone()[0]
+        time.sleep(0.02)
+    assert n == 50
+    w.put(
+        Sample(seq=0, t=0.1, wall=time.time(), lag_ms=0.1, tick_ms=0.2, values={"rss_bytes": 123})
+    )
+    w.put(Event("error", 0.2, time.time(), "boom", frame_id=3, data={"a": 1}))
+    w.close()
+    assert w.error is None
+    assert reader.execute("SELECT rss_bytes, gpu_util_pct FROM samples").fetchone() == (123, None)
+    assert reader.execute("SELECT kind, data FROM events").fetchone() == ("error", '{"a":1}')
+
+
+def test_reader_holding_a_transaction_does_not_fail_the_writer(db_path: Path) -> None:
+    """A reader in the middle of a long read transaction (WAL) never blocks the writer."""
+    conn = store.connect(db_path)
+    _insert_run(conn, "r1", os.getpid())
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM frames").fetchone()
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.05)
+    w.start()
+    for i in range(100):
+        w.put(
+            FrameRecord(
+                frame_id=i,
+                t_sched=i,
+                t_capture=i,
+                t_dispatch=None,
+                t_done=None,
+                lateness_ms=0,
+                grab_ms=1,
+            )
+        )
+    w.close()
+    # the open read transaction still sees its snapshot; a fresh one sees every row
+    assert reader.execute("SELECT count(*) FROM frames").fetchone()[0] == 0
+    reader.execute("COMMIT")
+    assert reader.execute("SELECT count(*) FROM frames").fetchone()[0] == 100
+    assert w.error is None
+
+
+def test_orphaned_running_run_is_marked_crashed(db_path: Path) -> None:
+    """A run left 'running' by a process that is gone becomes 'crashed' on the next open."""
+    conn = store.connect(db_path)
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    _insert_run(conn, "dead", p.pid)
+    _insert_run(conn, "alive", os.getpid())
+    conn.close()
+    conn = store.connect(db_path)
+    st = dict(conn.execute("SELECT id, status FROM runs").fetchall())
+    assert st == {"dead": "crashed", "alive": "running"}
+    kinds = [r[0] for r in conn.execute("SELECT kind FROM events WHERE run_id='dead'")]
+    assert kinds == ["crashed"]
+
+
+def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    """A database path in a folder that does not exist is a one-line StoreError."""
+    with pytest.raises(store.StoreError, match="does not exist"):
+        store.connect(tmp_path / "no" / "such" / "soakd.db")
+
+
+def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
+    """A file that is not SQLite is refused with a message naming it, and left untouched."""
+    p = tmp_path / "notes.db"
+    p.write_bytes(b"hello, this is not sqlite at all" * 100)
+    before = p.read_bytes()
+    with pytest.raises(store.StoreError, match="not an SQLite database"):
+        store.connect(p)
+    assert p.read_bytes() == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_database_is_a_clear_error(db_path: Path) -> None:
+    """A read-only run database is refused with a clear message (non-root only)."""
+    store.connect(db_path).close()
+    os.chmod(db_path, 0o444)
+    with pytest.raises(store.StoreError):
+        conn = store.connect(db_path)
+        _insert_run(conn, "x", os.getpid())
