@@ -159,7 +159,9 @@ class TinyVlmWorkload(GenerationSettings):
     """The embedded default: a tiny random-weight VLM built offline from a config."""
 
     kind: Literal["tiny-vlm"] = "tiny-vlm"
-    arch: Literal["qwen2-vl", "llava"] = "qwen2-vl"
+    # llava runs without torchvision; qwen2-vl's processor needs torchvision in transformers 5
+    arch: Literal["llava", "qwen2-vl"] = "llava"
+    seed: int = 0  # weights seed of the tiny model (same seed -> same weights)
     short_side: int = Field(56, ge=14, le=4096)  # input short side fed to the processor
     max_new_tokens: int = Field(8, ge=1, le=4096)
     device: str = "cpu"
@@ -201,6 +203,16 @@ class SessionWorkloadSettings(GenerationSettings):
     max_new_tokens: int = Field(64, ge=1)
     poll_timeout_s: float = Field(0.05, gt=0, le=10)
     response_timeout_s: Duration = Field(30.0, gt=0)  # no output for this long = hung
+    # built-in tiny model only: a frame whose 16x16 grey thumbnail differs from the previous
+    # one by less than this (mean absolute difference, 0-255) is answered with <|silence|>
+    silence_threshold: float = Field(1.0, ge=0)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
+            raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
+        return v
 
 
 class GeneratorWorkloadSettings(_Section):
@@ -217,7 +229,21 @@ class GeneratorWorkloadSettings(_Section):
     channels: int = Field(16, ge=1, le=1024)
     device: str = "cpu"
     seed: int = 0
-    response_timeout_s: Duration = Field(30.0, gt=0)
+    response_timeout_s: Duration = Field(30.0, gt=0)  # a request not returning = hung
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
+            raise ValueError(f"must look like 'package.module:function', got {v!r}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
+            raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
+        return v
 
 
 class AvWorkloadSettings(GenerationSettings):
@@ -233,6 +259,7 @@ class AvWorkloadSettings(GenerationSettings):
     max_audio_seconds: float = Field(4.0, gt=0, le=600)
     short_side: int = Field(56, ge=14, le=4096)
     max_new_tokens: int = Field(8, ge=1, le=4096)
+    cache_dir: str | None = None  # built-in tiny model: default $CACHE_DIRECTORY or ~/.cache/soakd
 
 
 class PythonWorkload(_Section):
@@ -306,6 +333,9 @@ class ServiceSettings(_Section):
     """``[service]``: systemd notification and the Prometheus exporter."""
 
     metrics_addr: str | None = None  # e.g. "127.0.0.1:9464"; off by default
+    # keep serving the final metrics (status, verdict per criterion) this long after the run
+    # ends, so that Prometheus scrapes them once before the process exits
+    metrics_linger_s: Duration = Field(0.0, ge=0, le=300)
     notify: bool = True  # talk sd_notify when $NOTIFY_SOCKET is set
 
 

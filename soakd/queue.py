@@ -5,6 +5,9 @@ older ones it skips over are dropped (counted), so the model always answers the 
 picture. ``consume = "oldest"`` mirrors models that keep a frame queue of their own
 (MOSS-VL-Realtime's ``frame_queue_size``): frames are taken in order and frame age grows as
 the queue fills; a full queue still drops its oldest frame.
+
+Audio chunks ride on frames; a dropped frame's audio is carried over to the next frame, so
+an audio-visual workload still hears the whole stream.
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ import threading
 from collections import deque
 from typing import Literal
 
+import numpy as np
+
 from soakd.records import Frame
+
+
+def _join_audio(first: np.ndarray, then: np.ndarray | None) -> np.ndarray:
+    return first if then is None else np.concatenate((first, then))
 
 
 class FrameQueue:
@@ -31,8 +40,11 @@ class FrameQueue:
     def put(self, frame: Frame) -> None:
         with self._cond:
             if len(self._q) >= self.maxlen:
-                self._q.popleft()
+                dropped = self._q.popleft()
                 self.drops += 1
+                if dropped.audio is not None:  # audio is a stream: never drop it with a frame
+                    nxt = self._q[0] if self._q else frame
+                    nxt.audio = _join_audio(dropped.audio, nxt.audio)
             self._q.append(frame)
             self.puts += 1
             self._cond.notify()
@@ -51,6 +63,10 @@ class FrameQueue:
             if self.newest:
                 frame = self._q.pop()
                 self.drops += len(self._q)
+                if self._q and frame.audio is not None:
+                    for older in reversed(self._q):
+                        if older.audio is not None:
+                            frame.audio = _join_audio(older.audio, frame.audio)
                 self._q.clear()
             else:
                 frame = self._q.popleft()

@@ -56,3 +56,23 @@ def test_max_queue_one_never_holds_two() -> None:
         assert len(q) == 1
     got = q.get(0)
     assert got is not None and got[0].id == 9 and q.drops == 9
+
+
+def test_dropped_frames_hand_their_audio_on() -> None:
+    """Audio is a stream: the audio of frames the queue drops reaches the next frame taken."""
+    q = FrameQueue(1, "newest")
+    for i in range(3):
+        fr = f(i)
+        fr.audio = np.full(4, i, np.float32)
+        q.put(fr)
+    got = q.get(0)
+    assert got is not None
+    assert got[0].audio is not None and got[0].audio.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    q2 = FrameQueue(3, "newest")
+    for i in range(3):
+        fr = f(i)
+        fr.audio = np.full(2, i, np.float32)
+        q2.put(fr)
+    got = q2.get(0)
+    assert got is not None and got[0].audio is not None
+    assert got[0].audio.tolist() == [0, 0, 1, 1, 2, 2]
