@@ -206,7 +206,7 @@ class Run:
     def _event(self, ev: Event) -> None:
         self.writer.put(ev)
         self.obs.on_event(ev)
-        if ev.kind in ("error", "oom", "stall", "source_end", "signal", "abort"):
+        if ev.kind in ("error", "oom", "stall", "source_end", "signal", "sampler_crashed"):
             self.log.warning(ev.kind, message=ev.message, frame=ev.frame_id)
 
     def _sample(self, s: Sample) -> None:
@@ -362,12 +362,21 @@ class Run:
             mode=self.mode,
         )
 
+        def sampler_crashed(exc: BaseException) -> None:
+            # telemetry degrades, it does not end the run: the gap shows in the samples
+            now_s = (clock.now_ns() - t0_ns) / 1e9
+            msg = f"{type(exc).__name__}: {exc}"
+            self._event(Event("sampler_crashed", now_s, clock.wall(), msg))
+
         sampler = sampler_cls(
             probes,
             interval_ms=s.run.sample_interval_ms,
             clock=clock,
             t0_ns=t0_ns,
             on_sample=self._sample,
+            on_event=self._event,
+            on_crash=sampler_crashed,
+            log=self.log,
         )
         queue: FrameQueue | None = None
         pacer: Pacer | None = None

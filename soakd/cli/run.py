@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -20,6 +19,7 @@ from soakd.display import LiveDisplay, fmt_bytes, summary_table
 from soakd.errors import ExitCode, SoakdError
 from soakd.logs import FrameLogObserver, configure_logging
 from soakd.observer import Observer
+from soakd.service.signals import abort_reason, install_signal_handlers
 from soakd.store import queries
 
 
@@ -116,21 +116,20 @@ def execute_run(settings: Any, *, live: bool) -> int:
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        name = signal.Signals(signum).name
-        run.request_stop(f"signal {name}")
+    def on_signal(signum: int) -> None:
+        run.request_stop(abort_reason(signum))
 
-    old = {}
+    handlers = None
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, on_signal)
+        # a first SIGTERM/SIGINT stops the run cleanly; a second one forces the exit
+        handlers = install_signal_handlers(on_signal)
     try:
         result = run.execute()
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
     finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
+        if handlers is not None:
+            handlers.restore()
     _print_end(console, settings, result)
     return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)
 

@@ -1,0 +1,206 @@
+"""GPU check for the telemetry probes and CUDA stage timing (run it when a GPU host is lent).
+
+    python -m bench.gpu_check [--device cuda:0] [--cycles 3] [--step-mb 256] [--steps 4]
+
+1. Starts the real sampler (100 ms) with ``default_probes(device)`` and drives a memory
+   sawtooth: allocate ``steps`` blocks of ``step_mb`` MiB one by one, free them all, repeat
+   ``cycles`` times. Checks that the NVML and torch-allocator columns carry real values,
+   that torch's allocated bytes rise by the expected amount and fall back, and that NVML's
+   used memory and this process's GPU memory follow the reserved pool.
+2. Times a matmul stage two ways: up to kernel enqueue (no synchronize) and up to
+   ``torch.cuda.synchronize()``. The synchronized time must be clearly longer; that is why
+   soakd ends each CUDA stage after ``sync()``.
+
+Prints one JSON summary on stdout; exit 0 when every check passed, 1 when one failed. On a
+host without a GPU it prints ``{"gpu": false, ...}`` with the reason and exits 0. Takes well
+under a minute on a GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+MB = 1 << 20
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, message: str, *args: Any, **kw: Any) -> None:
+        self.warnings.append(message)
+
+
+def _no_gpu(reason: str) -> int:
+    print(json.dumps({"gpu": False, "ok": True, "message": f"no GPU: {reason}; nothing to check"}))
+    return 0
+
+
+def _sawtooth(torch: Any, device: str, cycles: int, steps: int, step_mb: int) -> list[dict]:
+    """Allocate/free in steps; returns the phases with their times (perf_counter)."""
+    phases: list[dict] = []
+    for c in range(cycles):
+        blocks = []
+        for s in range(steps):
+            blocks.append(torch.ones(step_mb * MB // 4, dtype=torch.float32, device=device))
+            torch.cuda.synchronize(device)
+            phases.append({"cycle": c, "step": s + 1, "t": time.perf_counter()})
+            time.sleep(0.4)
+        del blocks
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # hand the pool back so NVML sees the fall too
+        phases.append({"cycle": c, "step": 0, "t": time.perf_counter()})
+        time.sleep(0.6)
+    return phases
+
+
+def _stage_timing(torch: Any, device: str, n: int = 4096, reps: int = 10) -> dict[str, Any]:
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    for _ in range(3):  # warm-up (cuBLAS handles, clocks)
+        a @ b
+    torch.cuda.synchronize(device)
+    enqueue, synced = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        c = a @ b
+        t_enq = time.perf_counter()
+        torch.cuda.synchronize(device)
+        t_sync = time.perf_counter()
+        enqueue.append((t_enq - t) * 1e3)
+        synced.append((t_sync - t) * 1e3)
+        del c
+    enq, syn = statistics.median(enqueue), statistics.median(synced)
+    return {
+        "matmul_n": n,
+        "enqueue_ms_p50": round(enq, 3),
+        "synchronized_ms_p50": round(syn, 3),
+        "ratio": round(syn / max(enq, 1e-6), 1),
+        "ok": syn > 2 * enq,
+    }
+
+
+def _check_series(samples: list[Any], step_mb: int, steps: int) -> dict[str, Any]:
+    cols = (
+        "gpu_mem_used_bytes",
+        "gpu_mem_total_bytes",
+        "gpu_util_pct",
+        "gpu_proc_mem_bytes",
+        "gpu_temp_c",
+        "gpu_power_w",
+        "gpu_sm_clock_mhz",
+        "torch_allocated_bytes",
+        "torch_reserved_bytes",
+        "torch_max_allocated_bytes",
+        "torch_alloc_retries",
+        "torch_ooms",
+    )
+    present = {c: sum(s.values.get(c) is not None for s in samples) for c in cols}
+
+    def series(col: str) -> list[float]:
+        return [float(v) for s in samples if (v := s.values.get(col)) is not None]
+
+    alloc = series("torch_allocated_bytes")
+    used = series("gpu_mem_used_bytes")
+    proc = series("gpu_proc_mem_bytes")
+    want = steps * step_mb * MB
+    swing = (max(alloc) - min(alloc)) if alloc else 0.0
+    used_swing = (max(used) - min(used)) if used else 0.0
+    proc_swing = (max(proc) - min(proc)) if proc else 0.0
+    lags = sorted(s.lag_ms for s in samples)
+    checks = {
+        "nvml_memory_present": present["gpu_mem_used_bytes"] > 0,
+        "nvml_util_present": present["gpu_util_pct"] > 0,
+        "torch_stats_present": present["torch_allocated_bytes"] > 0,
+        "torch_allocated_swing_matches": abs(swing - want) <= 0.1 * want,
+        "torch_allocated_falls_back": bool(alloc) and alloc[-1] <= min(alloc) + 0.1 * want,
+        "nvml_used_follows": used_swing >= 0.8 * want,
+    }
+    # a PID namespace (container) can hide this process from NVML: reported, not failed
+    proc_check = proc_swing >= 0.8 * want if proc else None
+    return {
+        "samples": len(samples),
+        "non_null": present,
+        "torch_allocated_swing_mb": round(swing / MB, 1),
+        "nvml_used_swing_mb": round(used_swing / MB, 1),
+        "proc_mem_swing_mb": round(proc_swing / MB, 1),
+        "expected_swing_mb": steps * step_mb,
+        "lag_ms_p99": round(lags[int(0.99 * (len(lags) - 1))], 3) if lags else None,
+        "tick_ms_max": round(max(s.tick_ms for s in samples), 3) if samples else None,
+        "last": {k: v for k, v in samples[-1].values.items() if v is not None} if samples else {},
+        "checks": {**checks, "proc_mem_follows": proc_check},
+        "ok": all(checks.values()) and proc_check is not False,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--step-mb", type=int, default=256)
+    args = ap.parse_args(argv)
+
+    try:
+        import torch
+    except ImportError:
+        return _no_gpu("torch is not installed")
+    if not torch.cuda.is_available():
+        return _no_gpu("torch.cuda.is_available() is False (CPU-only torch or no driver)")
+
+    from soakd.clock import MonotonicClock
+    from soakd.records import Sample
+    from soakd.telemetry.probes import default_probes
+    from soakd.telemetry.sampler import Sampler
+
+    device = args.device
+    torch.cuda.init()
+    torch.empty(1, device=device)  # create the context before sampling starts
+    log = _Log()
+    probes = default_probes(device, log)
+    clock = MonotonicClock()
+    samples: list[Sample] = []
+    lock = threading.Lock()
+
+    def keep(s: Sample) -> None:
+        with lock:
+            samples.append(s)
+
+    sampler = Sampler(
+        probes, interval_ms=100, clock=clock, t0_ns=clock.now_ns(), on_sample=keep, log=log
+    )
+    sampler.start()
+    t = time.perf_counter()
+    try:
+        phases = _sawtooth(torch, device, args.cycles, args.steps, args.step_mb)
+    finally:
+        time.sleep(0.3)
+        sampler.stop()
+    sawtooth_s = time.perf_counter() - t
+    result: dict[str, Any] = {
+        "gpu": True,
+        "device": device,
+        "gpu_name": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "probes": [p.name for p in probes],
+        "warnings": log.warnings,
+        "disabled": sampler.disabled,
+        "sawtooth_s": round(sawtooth_s, 2),
+        "phases": len(phases),
+        "sampler_cpu_pct_of_core": round(100 * sampler.cpu_ns / 1e9 / max(sawtooth_s, 1e-9), 3),
+        "telemetry": _check_series(samples, args.step_mb, args.steps),
+        "stage_timing": _stage_timing(torch, device),
+    }
+    result["ok"] = result["telemetry"]["ok"] and result["stage_timing"]["ok"]
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
