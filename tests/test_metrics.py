@@ -1,0 +1,334 @@
+"""The Prometheus exporter: served over loopback HTTP, scraped with urllib, parsed with
+prometheus_client's own exposition parser."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from soakd.config import Settings
+from soakd.errors import UsageError
+from soakd.observer import Progress, RunInfo, RunResult
+from soakd.records import Event, FrameRecord, Sample
+from soakd.service.metrics import (
+    MetricsObserver,
+    MetricsServer,
+    is_loopback,
+    open_metrics,
+    parse_metrics_addr,
+    start_exporter,
+    verdict_rows,
+)
+
+Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Scrape:
+    """GET /metrics and parse it: {(sample name, labels): value}."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    out: Scrape = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(data: Scrape, metric: str, /, **labels: str) -> float:
+    """The one sample named ``metric`` whose labels include ``labels``."""
+    hits = [v for (n, lbl), v in data.items() if n == metric and set(labels.items()) <= lbl]
+    assert len(hits) == 1, f"{metric} {labels}: {len(hits)} samples"
+    return hits[0]
+
+
+@pytest.fixture
+def server() -> Iterator[MetricsServer]:
+    srv = start_exporter("127.0.0.1:0")
+    yield srv
+    srv.close()
+
+
+def _info(gpu: str | None = "NVIDIA H200") -> RunInfo:
+    s = Settings.model_validate({"run": {"fps": 4, "duration": 60, "name": "moss"}})
+    return RunInfo(
+        run_id="run-1", settings=s, db_path=Path("x.db"), config_hash="abc123", gpu_name=gpu
+    )
+
+
+def _frame(i: int, *, drops: int = 0, stale: int = 0, error: str | None = None) -> FrameRecord:
+    return FrameRecord(
+        frame_id=i,
+        t_sched=i * 0.25,
+        t_capture=i * 0.25,
+        t_dispatch=i * 0.25 + 0.004,
+        t_done=i * 0.25 + 0.034,
+        lateness_ms=0.1,
+        grab_ms=1.0,
+        pre_ms=3.0,
+        infer_ms=20.0,
+        decode_ms=2.0,
+        total_ms=26.0,
+        frame_age_ms=4.0,
+        e2e_ms=34.0,
+        drop_count=drops,
+        stale_count=stale,
+        error=error,
+    )
+
+
+def test_frames_samples_progress_and_verdict_are_exported(server: MetricsServer) -> None:
+    """Fed records show up in base units with run/config/gpu labels, counters as increases."""
+    obs = MetricsObserver(server)
+    obs.on_run_start(_info())
+    obs.on_frame(_frame(0))
+    obs.on_frame(_frame(1, drops=2))
+    obs.on_frame(_frame(2, drops=3, stale=1, error="boom"))
+    obs.on_sample(Sample(0, 0.15, 0.0, 0.0, 0.2, {"rss_bytes": 123_456_789, "gpu_util_pct": 50.0}))
+    obs.on_event(Event("stall", 5.0, 0.0, "no frame"))
+    obs.on_progress(Progress(15.0, 45.0, 3, 4, 3.9, 3, 1, 1, 4.0, stalled_s=0.2, warmup=False))
+    data = scrape(server.url)
+    run = {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200"}
+
+    assert value(data, "soakd_stage_latency_seconds_count", stage="infer", **run) == 3
+    assert value(data, "soakd_stage_latency_seconds_sum", stage="infer", **run) == pytest.approx(
+        0.060
+    )
+    assert value(data, "soakd_stage_latency_seconds_bucket", stage="infer", le="0.02", **run) == 3
+    assert value(data, "soakd_stage_latency_seconds_bucket", stage="infer", le="0.01", **run) == 0
+    assert value(data, "soakd_frame_age_seconds_sum", **run) == pytest.approx(0.012)
+    assert value(data, "soakd_e2e_latency_seconds_count", **run) == 3
+    assert value(data, "soakd_frames_total", **run) == 3
+    assert value(data, "soakd_frame_errors_total", **run) == 1
+    assert value(data, "soakd_dropped_frames_total", **run) == 3
+    assert value(data, "soakd_stale_frames_total", **run) == 1
+    assert value(data, "soakd_events_total", kind="stall", **run) == 1
+    assert value(data, "soakd_rss_bytes", **run) == 123_456_789
+    assert value(data, "soakd_gpu_utilization_ratio", **run) == pytest.approx(0.5)
+    assert value(data, "soakd_achieved_frames_per_second", **run) == pytest.approx(3.9)
+    assert value(data, "soakd_target_frames_per_second", **run) == 4
+    assert value(data, "soakd_frame_age_p50_seconds", **run) == pytest.approx(0.004)
+    assert value(data, "soakd_run_progress_ratio", **run) == pytest.approx(0.25)
+    assert value(data, "soakd_run_status", status="running", **run) == 1
+    assert value(data, "soakd_run_info", name="moss", workload="tiny-vlm", **run) == 1
+    # a probe that never reported is absent, not zero
+    assert not any(n == "soakd_gpu_memory_used_bytes" for n, _ in data)
+
+    verdict = {
+        "status": "FAIL",
+        "criteria": [
+            {"name": "memory_growth", "status": "fail", "value": 9.5, "threshold": 5.0,
+             "unit": "MB/min"},
+            {"name": "drops", "status": "pass", "value": 0.01, "threshold": 0.05},
+        ],
+    }  # fmt: skip
+    obs.on_run_end(RunResult("run-1", "completed", None, 60.0, {}, verdict, 1))
+    data = scrape(server.url)
+    assert value(data, "soakd_run_status", status="completed", **run) == 1
+    assert value(data, "soakd_run_status", status="running", **run) == 0
+    assert value(data, "soakd_verdict", verdict="FAIL", **run) == 1
+    assert value(data, "soakd_verdict", verdict="PASS", **run) == 0
+    assert value(data, "soakd_criterion_status", criterion="memory_growth", status="fail") == 1
+    assert value(data, "soakd_criterion_status", criterion="drops", status="pass") == 1
+    assert value(data, "soakd_criterion_value", criterion="memory_growth", unit="MB/min") == 9.5
+    assert value(data, "soakd_criterion_threshold", criterion="drops") == 0.05
+
+
+def test_unknown_telemetry_after_known_becomes_nan(server: MetricsServer) -> None:
+    """A probe that stops reporting is exported as NaN, never as a stale or zero value."""
+    obs = MetricsObserver(server)
+    obs.on_run_start(_info(gpu=None))
+    obs.on_sample(Sample(0, 0.1, 0.0, 0.0, 0.1, {"rss_bytes": 1000}))
+    obs.on_sample(Sample(1, 0.2, 0.0, 0.0, 0.1, {"rss_bytes": None}))
+    data = scrape(server.url)
+    assert math.isnan(value(data, "soakd_rss_bytes", gpu="none"))
+
+
+def test_hooks_before_run_start_are_ignored() -> None:
+    """Frames or samples before on_run_start (no labels yet) do not raise or export."""
+    obs = MetricsObserver()
+    obs.on_frame(_frame(0))
+    obs.on_sample(Sample(0, 0.1, 0.0, 0.0, 0.1, {"rss_bytes": 1}))
+    obs.on_progress(Progress(1.0, 1.0, 0, 0, 0.0, 0, 0, 0, None))
+    assert obs.registry.get_sample_value("soakd_rss_bytes") is None
+
+
+@dataclass
+class _Crit:
+    name: str
+    status: str
+    value: float | None
+    threshold: float | None
+    unit: str | None = None
+
+
+@dataclass
+class _Verdict:
+    status: str
+    criteria: list[_Crit] = field(default_factory=list)
+
+
+def test_verdict_rows_reads_objects_and_mappings() -> None:
+    """Verdict objects with attributes and name->criterion mappings both read the same."""
+    overall, rows = verdict_rows(_Verdict("PASS", [_Crit("age_slope", "pass", 1.0, 50.0)]))
+    assert overall == "PASS" and rows[0].name == "age_slope" and rows[0].threshold == 50.0
+    overall, rows = verdict_rows({"verdict": "INVALID", "criteria": {"duration": {
+        "status": "invalid", "value": None}}})  # fmt: skip
+    assert overall == "INVALID" and rows[0].name == "duration" and rows[0].value is None
+    assert verdict_rows("PASS") == ("PASS", [])
+
+
+@pytest.mark.parametrize(
+    ("addr", "expected"),
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        (":9464", ("127.0.0.1", 9464)),
+        ("9464", ("127.0.0.1", 9464)),
+        ("[::1]:9000", ("::1", 9000)),
+        ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+    ],
+)
+def test_parse_metrics_addr(addr: str, expected: tuple[str, int]) -> None:
+    """Host defaults to loopback; other interfaces only when named explicitly."""
+    assert parse_metrics_addr(addr) == expected
+
+
+@pytest.mark.parametrize(
+    ("addr", "needle"),
+    [
+        ("127.0.0.1:http", "not a number"),
+        ("127.0.0.1:70000", "out of range"),
+        ("::1:9464", "brackets"),
+        ("", "empty"),
+        ("[::1", "[ipv6]:port"),
+    ],
+)
+def test_bad_metrics_addr_is_a_one_line_usage_error(addr: str, needle: str) -> None:
+    """A malformed address is a UsageError (exit 2) naming the flag and the problem."""
+    with pytest.raises(UsageError, match="--metrics-addr") as err:
+        parse_metrics_addr(addr)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert err.value.exit_code == 2
+
+
+def test_port_in_use_is_a_usage_error(server: MetricsServer) -> None:
+    """Binding a port that is taken fails with a one-line UsageError, not a traceback."""
+    with pytest.raises(UsageError, match="cannot listen"):
+        start_exporter(f"127.0.0.1:{server.port}")
+
+
+def test_default_bind_is_loopback_only() -> None:
+    """Without a host the exporter listens on 127.0.0.1, unreachable from other hosts."""
+    obs = open_metrics(":0")
+    try:
+        assert obs.server is not None
+        assert obs.server.host == "127.0.0.1" and is_loopback(obs.server.host)
+        with socket.create_connection(("127.0.0.1", obs.server.port), timeout=5):
+            pass
+    finally:
+        obs.close()
+    assert not is_loopback("0.0.0.0") and is_loopback("::1") and is_loopback("localhost")
+
+
+def test_close_stops_serving() -> None:
+    """close() joins the named server thread and frees the port."""
+    srv = start_exporter("127.0.0.1:0")
+    assert srv._thread.name == "soakd-metrics"
+    srv.close()
+    assert not srv._thread.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+
+
+def test_verdict_from_soakd_analysis_is_exported() -> None:
+    """The analysis package's own Verdict/CriterionResult map onto the verdict metrics."""
+    verdict_mod = pytest.importorskip(
+        "soakd.analysis.verdict", reason="soakd.analysis.verdict is not in the tree yet"
+    )
+    crit = verdict_mod.CriterionResult(
+        criterion="memory_floor_slope", title="memory", status="fail", value=7.5,
+        threshold=5.0, unit="MB/min", detail="floor grows",
+    )  # fmt: skip
+    verdict = verdict_mod.Verdict(
+        run_id="run-1", status="FAIL", exit_code=1, reason="memory", criteria=[crit]
+    )
+    obs = MetricsObserver()
+    obs.on_run_start(_info())
+    obs.on_run_end(RunResult("run-1", "completed", None, 60.0, {}, verdict, 1))
+    get = obs.registry.get_sample_value
+    run = {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200"}
+    assert get("soakd_verdict", {**run, "verdict": "FAIL"}) == 1
+    assert (
+        get("soakd_criterion_status", {**run, "criterion": "memory_floor_slope", "status": "fail"})
+        == 1
+    )
+    assert (
+        get("soakd_criterion_value", {**run, "criterion": "memory_floor_slope", "unit": "MB/min"})
+        == 7.5
+    )
+
+
+def test_linger_serves_the_final_verdict_until_one_scrape_reads_it() -> None:
+    """With linger_s, close() keeps serving until a scrape begun after the run's end is done."""
+    obs = open_metrics("127.0.0.1:0", linger_s=60.0)
+    assert obs.server is not None
+    url = obs.server.url
+    obs.on_run_start(_info())
+    scrape(url)  # a scrape during the run does not release the linger
+    obs.on_run_end(RunResult("run-1", "completed", None, 60.0, {}, "PASS", 0))
+    closer = threading.Thread(target=obs.close, name="test-close")
+    closer.start()
+    assert closer.is_alive()  # waiting for Prometheus, up to 60 s
+    data = scrape(url)
+    closer.join(timeout=10)
+    assert not closer.is_alive()
+    assert value(data, "soakd_verdict", verdict="PASS") == 1
+    assert value(data, "soakd_run_status", status="completed") == 1
+
+
+def test_linger_is_bounded_when_nobody_scrapes() -> None:
+    """Without a scrape the linger ends after linger_s (taken from service.metrics_linger_s)."""
+    obs = open_metrics("127.0.0.1:0")
+    info = _info()
+    info.settings = Settings.model_validate({"service": {"metrics_linger_s": "200ms"}})
+    obs.on_run_start(info)
+    assert obs.linger_s == pytest.approx(0.2)
+    obs.on_run_end(RunResult("run-1", "completed", None, 1.0, {}, None, 0))
+    t0 = time.monotonic()
+    obs.close()
+    assert 0.15 < time.monotonic() - t0 < 5.0
+
+
+PROMETHEUS_DOCS = Path(__file__).resolve().parent.parent / "docs" / "prometheus"
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool not installed (Debian package 'prometheus'); the CI image lacks it",
+)
+def test_documented_alert_rules_fire_on_the_patterns_they_name() -> None:
+    """promtool accepts alerts.yml and its unit tests: rising age, drops, floor growth fire,
+    a flat age, a 1 % drop rate and a pure allocator sawtooth do not."""
+    for args in (
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ):
+        proc = subprocess.run(
+            ["promtool", *args],
+            cwd=PROMETHEUS_DOCS,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
