@@ -167,6 +167,7 @@ class TinyVlmWorkload(GenerationSettings):
     device: str = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
     cache_dir: str | None = None  # default: $CACHE_DIRECTORY or ~/.cache/soakd
+    torch_threads: int | None = Field(1, ge=1, le=1024)  # 1: no OpenMP contention on a CPU box
 
 
 class HfWorkload(GenerationSettings):
@@ -179,6 +180,7 @@ class HfWorkload(GenerationSettings):
     attn_implementation: str | None = None  # eager | sdpa | flash_attention_2
     trust_remote_code: bool = False
     short_side: int | None = Field(None, ge=14, le=8192)
+    torch_threads: int | None = Field(None, ge=1, le=1024)  # None: torch's default
 
     @field_validator("device")
     @classmethod

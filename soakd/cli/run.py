@@ -130,7 +130,15 @@ def execute_run(settings: Any, *, live: bool) -> int:
     finally:
         if handlers is not None:
             handlers.restore()
-    _print_end(console, settings, result)
+    try:
+        _print_end(console, settings, result)
+    except Exception as exc:  # the run is stored; only the summary print failed
+        print(f"soakd: warning: cannot print the run summary: {exc}", file=sys.stderr)
+    if result.exit_code == ExitCode.INTERNAL:
+        # the verdict table says INVALID; say plainly what went wrong with soakd itself
+        print(
+            f"soakd: error: {result.reason or result.summary.get('verdict_error')}", file=sys.stderr
+        )
     return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)
 
 

@@ -290,7 +290,12 @@ class StoreWriter:
                 conn.executemany(_SQL[t], rows)
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite may already have rolled back (SQLITE_FULL does): keep the real error
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
             raise
         self.rows_written += len(batch)
         self.flushes += 1

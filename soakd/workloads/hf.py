@@ -48,6 +48,7 @@ class HfParams:
     num_beams: int = 1
     do_sample: bool = False
     use_cache: bool = True
+    torch_threads: int | None = None  # torch intra-op threads; None = torch's default
     extra: dict[str, Any] = field(default_factory=dict)
 
     def generate_kwargs(self) -> dict[str, Any]:
@@ -187,6 +188,12 @@ class HfStaged:
         check_trust(path, p.trust_remote_code)
         check_device(p.device)
         self.ctx.extend_timeout(LOAD_TIMEOUT_S)
+        if p.torch_threads:
+            import torch
+
+            # on a small CPU box torch's OpenMP pool contends with soakd's own threads and
+            # shows up as infer jitter; the setting is recorded with the run
+            torch.set_num_threads(p.torch_threads)
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         try:
@@ -271,6 +278,7 @@ class HfStaged:
             "trust_remote_code": p.trust_remote_code,
             "prompt": p.prompt,
             "short_side": p.short_side,
+            "torch_threads": p.torch_threads,
             **self._gen,
             **p.extra,
             **self._info,
@@ -347,6 +355,7 @@ def build_tiny(settings: TinyVlmWorkload, ctx: WorkloadContext) -> TinyVlmStaged
         device=settings.device,
         dtype=settings.dtype,
         short_side=settings.short_side,
+        torch_threads=settings.torch_threads,
         extra={"arch": settings.arch, "seed": settings.seed, "build": spec.digest()},
         **_generation(settings),
     )
@@ -364,6 +373,7 @@ def build_hf(settings: HfWorkload, ctx: WorkloadContext) -> HfStaged:
         attn_implementation=settings.attn_implementation,
         trust_remote_code=settings.trust_remote_code,
         short_side=settings.short_side,
+        torch_threads=settings.torch_threads,
         **_generation(settings),
     )
     return HfStaged(params, ctx)
