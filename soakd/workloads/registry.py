@@ -50,13 +50,5 @@ def build_workload(settings: Any, ctx: WorkloadContext) -> Any:
     kind = settings.kind
     if kind in BUILDERS:
         return resolve(BUILDERS[kind])(settings, ctx)
-    for ep in entry_points(group="soakd.workloads"):
-        if ep.name == kind:
-            try:
-                factory = ep.load()
-            except Exception as exc:
-                raise WorkloadError(
-                    f"workload {kind!r}: cannot load entry point {ep.value!r}: {exc}"
-                ) from exc
-            return factory(dict(settings.options), ctx)
-    raise WorkloadError(f"unknown workload kind {kind!r}")
+    # entry points: loaded, called and checked against the protocols in plugin.py
+    return resolve("soakd.workloads.plugin:build_entry_point")(kind, settings.options, ctx)
