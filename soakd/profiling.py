@@ -1,0 +1,318 @@
+"""``soakd profile``: N frames back to back, the stage table, and the frame rate it implies.
+
+A profile is a run like any other (stored with ``mode = 'profile'`` in the same database, so
+its frames can be queried), driven unpaced for ``frames`` frames and not judged. The first
+frame (load, allocation, compilation) is reported on its own; every statistic is over the
+rest. The theoretical rate is ``1000 / median total``; the recommended configured rate is
+``RECOMMEND_FACTOR`` (0.6) of it, rounded down to two significant digits, inside the
+0.5-0.7 band that leaves the model headroom for jitter, GC and telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from soakd.config import Settings
+from soakd.observer import Observer
+from soakd.store import profiling_queries as q
+
+SCHEMA = "soakd.profile/1"
+STAGES: tuple[str, ...] = ("grab", "pre", "infer", "decode", "total")
+RECOMMEND_FACTOR = 0.6
+RECOMMEND_BAND = (0.5, 0.7)
+# settings that change the output length or content: held fixed during a profile and shown
+HELD_FIXED_KEYS: tuple[str, ...] = (
+    "prompt",
+    "max_new_tokens",
+    "min_new_tokens",
+    "num_beams",
+    "do_sample",
+    "short_side",
+    "num_inference_steps",
+    "frames_per_chunk",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StageStat:
+    median: float | None
+    max: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    """Generator workloads: first-output latency (request -> first emitted frame) and the
+    interval between later outputs, kept apart so one-time cost never enters the intervals."""
+
+    first_output_ms: float | None  # of the profile's first request
+    first_output_p50_ms: float | None  # over the later requests
+    first_output_max_ms: float | None
+    intervals: int
+    interval_p50_ms: float | None
+    interval_p95_ms: float | None
+    interval_max_ms: float | None
+
+
+@dataclass
+class ProfileResult:
+    run_id: str
+    workload_kind: str | None
+    status: str
+    reason: str | None
+    frames: int  # frames run, the first included
+    measured: int  # frames after the first that finished without error
+    errors: int
+    first: dict[str, float | None]  # the first frame's stage times (ms)
+    first_error: str | None
+    stages: dict[str, StageStat]  # median and max over the rest (ms)
+    peak_rss_bytes: int | None
+    peak_gpu_mem_bytes: int | None
+    peak_torch_reserved_bytes: int | None
+    theoretical_fps: float | None
+    recommended_fps: float | None
+    recommended_band: tuple[float, float] | None
+    out_tokens: float | None  # median tokens generated per frame
+    sample_output: str | None
+    held_fixed: dict[str, Any]
+    load_s: float | None
+    stream: StreamStats | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fps_flag(self) -> str | None:
+        """The ready-to-paste flag, e.g. ``--fps 2.4``."""
+        return None if self.recommended_fps is None else f"--fps {self.recommended_fps:g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fps_flag"] = self.fps_flag
+        return {"schema": SCHEMA, **d}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def to_markdown(self) -> str:
+        return render_markdown(self)
+
+
+def round_down_2sig(x: float) -> float:
+    """Round a positive number down to two significant digits (25.97 -> 25, 0.357 -> 0.35)."""
+    if x <= 0 or not math.isfinite(x):
+        return 0.0
+    mag = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return round(math.floor(x / mag + 1e-9) * mag, 10)
+
+
+def recommend(theoretical_fps: float | None) -> tuple[float | None, tuple[float, float] | None]:
+    """(recommended fps, (0.5x, 0.7x) band) from the theoretical rate."""
+    if theoretical_fps is None or theoretical_fps <= 0:
+        return None, None
+    rec = min(round_down_2sig(RECOMMEND_FACTOR * theoretical_fps), 1000.0)
+    lo, hi = (round(f * theoretical_fps, 3) for f in RECOMMEND_BAND)
+    return (rec if rec > 0 else None), (lo, hi)
+
+
+def held_fixed(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The workload settings that fix the output (prompt, length, beams, input size...)."""
+    wl = config.get("workload", {})
+    return {k: wl[k] for k in HELD_FIXED_KEYS if k in wl}
+
+
+def _stat(v: np.ndarray) -> StageStat:
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return StageStat(None, None)
+    return StageStat(float(np.median(v)), float(v.max()))
+
+
+def _pct(v: np.ndarray, p: float) -> float | None:
+    return float(np.percentile(v, p)) if v.size else None
+
+
+def _stream(conn: sqlite3.Connection, run_id: str, first: Mapping[str, Any]) -> StreamStats:
+    fe = q.frame_values(conn, run_id, ("first_emit_ms",), profile=True)["first_emit_ms"]
+    fe = fe[np.isfinite(fe)]
+    iv = q.emission_intervals(conn, run_id, profile=True)
+    return StreamStats(
+        first_output_ms=first.get("first_emit_ms"),
+        first_output_p50_ms=_pct(fe, 50),
+        first_output_max_ms=_pct(fe, 100),
+        intervals=int(iv.size),
+        interval_p50_ms=_pct(iv, 50),
+        interval_p95_ms=_pct(iv, 95),
+        interval_max_ms=_pct(iv, 100),
+    )
+
+
+def _peak_gpu(peaks: Mapping[str, int | None]) -> int | None:
+    vals = [
+        v
+        for v in (peaks.get("gpu_proc_mem_bytes"), peaks.get("gpu_mem_used_bytes"))
+        if v is not None
+    ]
+    return max(vals) if vals else None
+
+
+def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
+    """Build the profile of a stored run (any mode: the first frame is set apart, every
+    other dispatched frame counts)."""
+    run = q.get_run(conn, run_id)
+    if run is None:
+        raise ValueError(f"{run_id}: no such run")
+    cols = (*tuple(f"{s}_ms" for s in STAGES), "out_tokens")
+    vals = q.frame_values(conn, run_id, cols, profile=True)
+    stages = {s: _stat(vals[f"{s}_ms"]) for s in STAGES}
+    first = q.first_frame(conn, run_id) or {}
+    counts = q.frame_counts(conn, run_id)
+    peaks = q.peak_memory(conn, run_id)
+    total = stages["total"].median
+    theo = 1000.0 / total if total else None
+    rec, band = recommend(theo)
+    tokens = vals["out_tokens"][np.isfinite(vals["out_tokens"])]
+    result = ProfileResult(
+        run_id=run_id,
+        workload_kind=run.workload_kind,
+        status=run.status,
+        reason=run.reason,
+        frames=counts["dispatched"],
+        measured=int(np.isfinite(vals["total_ms"]).sum()),
+        errors=counts["errors"],
+        first={s: first.get(f"{s}_ms") for s in STAGES},
+        first_error=first.get("error"),
+        stages=stages,
+        peak_rss_bytes=peaks.get("rss_bytes"),
+        peak_gpu_mem_bytes=_peak_gpu(peaks),
+        peak_torch_reserved_bytes=peaks.get("torch_reserved_bytes"),
+        theoretical_fps=theo,
+        recommended_fps=rec,
+        recommended_band=band,
+        out_tokens=float(np.median(tokens)) if tokens.size else None,
+        sample_output=run.summary.get("sample_output"),
+        held_fixed=held_fixed(run.config),
+        load_s=run.summary.get("load_s", run.workload.get("load_s")),
+    )
+    if run.workload_kind == "generator":
+        result.stream = _stream(conn, run_id, first)
+    result.notes = _notes(result)
+    return result
+
+
+def _notes(r: ProfileResult) -> list[str]:
+    notes = []
+    if r.held_fixed:
+        fixed = ", ".join(f"{k}={v!r}" for k, v in r.held_fixed.items())
+        notes.append(f"held fixed: {fixed}")
+    else:
+        notes.append(
+            f"held fixed: the {r.workload_kind} workload's settings (no prompt or output length)"
+        )
+    if r.measured < 5:
+        notes.append(f"only {r.measured} frames after the first: medians are rough")
+    if r.peak_rss_bytes is None:
+        notes.append(
+            "no telemetry sample fell inside the profile (shorter than the sample "
+            "interval): peak memory unknown; run more frames"
+        )
+    if r.errors:
+        notes.append(f"{r.errors} frame(s) raised; they are left out of the statistics")
+    if r.status != "completed":
+        notes.append(f"the profile run ended {r.status}: {r.reason}")
+    return notes
+
+
+def profile(
+    settings: Settings,
+    *,
+    frames: int = 20,
+    observers: Sequence[Observer] = (),
+    paced: bool = False,
+) -> ProfileResult:
+    """Run ``frames`` frames of the configured workload and source back to back (``paced``:
+    at the configured rate instead) and return the profile. Raises ``UsageError`` for a
+    source, database or workload that cannot be opened (exit code 2)."""
+    from soakd.runner import run_soak
+    from soakd.store.db import connect
+
+    if frames < 2:
+        raise ValueError("a profile needs at least 2 frames (the first is set apart)")
+    result = run_soak(
+        settings, observers=observers, mode="profile", max_frames=frames, paced=paced, judge=False
+    )
+    conn = connect(settings.resolved_db(), mark_orphans=False)
+    try:
+        out = profile_from_db(conn, result.run_id)
+    finally:
+        conn.close()
+    if out.sample_output is None:
+        out.sample_output = result.summary.get("sample_output")
+    return out
+
+
+# --- rendering
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _mb(v: int | None) -> str:
+    return "–" if v is None else f"{v / (1 << 20):.0f} MB"
+
+
+def render_markdown(r: ProfileResult) -> str:
+    """The profile as Markdown: readable in a terminal and in a pull request."""
+    lines = [f"## soakd profile `{r.run_id}` ({r.workload_kind}, {r.frames} frames unpaced)", ""]
+    lines += ["| stage | first frame (ms) | median (ms) | max (ms) |", "|---|---|---|---|"]
+    for s in STAGES:
+        st = r.stages[s]
+        lines.append(f"| {s} | {_ms(r.first.get(s))} | {_ms(st.median)} | {_ms(st.max)} |")
+    lines.append("")
+    lines.append(
+        f"Statistics over the {r.measured} frames after the first; the first frame "
+        "(load, allocation, compilation) is shown on its own."
+    )
+    if r.first_error:
+        lines.append(f"First frame raised: {r.first_error}")
+    lines.append("")
+    if r.stream is not None:
+        ss = r.stream
+        lines += [
+            "| streaming output | value (ms) |",
+            "|---|---|",
+            f"| first output, first request | {_ms(ss.first_output_ms)} |",
+            f"| first output p50 / max (later requests) | {_ms(ss.first_output_p50_ms)}"
+            f" / {_ms(ss.first_output_max_ms)} |",
+            f"| inter-output interval p50 | {_ms(ss.interval_p50_ms)} |",
+            f"| inter-output interval p95 | {_ms(ss.interval_p95_ms)} |",
+            f"| inter-output interval max | {_ms(ss.interval_max_ms)} |",
+            "",
+            f"Intervals: {ss.intervals}, each request's first output excluded.",
+            "",
+        ]
+    lines.append(f"- peak process memory (RSS): {_mb(r.peak_rss_bytes)}")
+    lines.append(f"- peak GPU memory: {_mb(r.peak_gpu_mem_bytes)}")
+    if r.load_s is not None:
+        lines.append(f"- workload load time: {r.load_s:.2f} s")
+    if r.out_tokens is not None:
+        lines.append(f"- output tokens per frame (median): {r.out_tokens:g}")
+    if r.sample_output is not None:
+        text = r.sample_output.replace("\n", " ")[:200]
+        lines.append(f"- sample output: {text!r}")
+    if r.theoretical_fps is not None and r.recommended_band is not None:
+        lo, hi = r.recommended_band
+        lines.append(f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / median total)")
+        lines.append(
+            f"- recommended rate: {r.recommended_fps:g} fps "
+            f"({RECOMMEND_FACTOR:g}x; band {lo:.3g}-{hi:.3g}): `{r.fps_flag}`"
+        )
+    else:
+        lines.append("- theoretical rate: unknown (no frame finished after the first)")
+    lines += ["", *(f"> {n}" for n in r.notes)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,464 @@
+"""``soakd sweep``: one variable at a time, a profile per value, and where the usable range
+ends.
+
+Each value is applied to the validated settings exactly as ``--set KEY=VALUE`` would be and
+re-validated; a value the configuration rejects (``ConfigError``), a workload that cannot be
+built with it (``UsageError``/``WorkloadError``) or a first frame that raises is reported as
+*rejected* with its one-line reason, and the sweep goes on. Sweeping ``run.fps`` runs each
+point paced (at that rate) instead of back to back; its knee is the first rate whose drop
+fraction exceeds ``criteria.max_drop_fraction``.
+
+The knee (``find_knee``) is the first point whose time jumps out of proportion to the
+previous steps; the usable range ends at the point before it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from soakd.compare import flatten
+from soakd.config import ConfigError, Settings, load_settings, parse_set
+from soakd.errors import SoakdError
+from soakd.observer import Observer
+from soakd.profiling import ProfileResult, profile
+from soakd.workloads.base import WorkloadError
+
+SCHEMA = "soakd.sweep/1"
+KNEE_K = 3.0
+KNEE_MIN_JUMP = 0.2
+ProgressFn = Callable[[int, int, Any], None]
+
+
+# --- knee detection (pure)
+
+
+def find_knee(
+    values: Sequence[Any],
+    totals: Sequence[float | None],
+    *,
+    k: float = KNEE_K,
+    min_jump: float = KNEE_MIN_JUMP,
+) -> int | None:
+    """Index (into ``values``) of the first point whose total jumps out of proportion to the
+    previous steps, or None.
+
+    Points without a total (rejected) or with a non-numeric value are skipped; the rest are
+    taken in increasing value. For each step *i* the slope ``s_i = (T_i - T_{i-1}) /
+    (x_i - x_{i-1})`` is the time added per unit of the varied value. Point *i* is the knee
+    when, with at least one earlier step to compare against,
+
+    * ``s_i > k * max(median(s_1 .. s_{i-1}), 0)`` (default k = 3): the time per unit grew
+      more than threefold over the typical earlier step, and
+    * ``T_i - T_{i-1} > min_jump * T_{i-1}`` (default 20 %): the jump is material, so noise
+      on a flat curve is not a knee.
+
+    Growth in proportion to the value (linear), and even quadratic growth (slopes rising
+    steadily, e.g. time against an image side), is not a knee; a sudden step is.
+    """
+    pts = []
+    for i, (x, t) in enumerate(zip(values, totals, strict=True)):
+        if t is None or isinstance(x, bool) or not isinstance(x, int | float):
+            continue
+        if math.isfinite(float(x)) and math.isfinite(float(t)):
+            pts.append((float(x), float(t), i))
+    pts.sort()
+    slopes: list[float] = []
+    for (x0, t0, _), (x1, t1, i1) in itertools.pairwise(pts):
+        if x1 <= x0:
+            continue
+        s = (t1 - t0) / (x1 - x0)
+        if slopes:
+            ref = max(statistics.median(slopes), 0.0)
+            if s > k * ref and (t1 - t0) > min_jump * max(t0, 0.0):
+                return i1
+        slopes.append(s)
+    return None
+
+
+# --- settings for one point
+
+
+def parse_vary(spec: str) -> tuple[str, list[Any]]:
+    """``KEY=V1,V2,...`` -> (KEY, [values]); each value is read like ``--set`` reads it."""
+    if "=" not in spec:
+        raise ConfigError(f"--vary {spec}: expected KEY=V1,V2,...")
+    key, raw = spec.split("=", 1)
+    key = key.strip()
+    parts = [p.strip() for p in raw.split(",") if p.strip()]
+    if not parts:
+        raise ConfigError(f"--vary {spec}: no values")
+    return key, [parse_set(f"{key}={p}")[1] for p in parts]
+
+
+def check_key(settings: Settings, key: str) -> None:
+    """Raise ConfigError unless ``key`` names a setting (or a key inside a free-form
+    ``options`` table)."""
+    data = settings.to_dict()
+    flat = flatten(data)
+    if key in flat:
+        return
+    parent = key.rsplit(".", 1)[0]
+    if parent.endswith(".options") or parent == "options":
+        node: Any = data
+        for p in parent.split("."):
+            node = node.get(p) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping):
+            return
+    raise ConfigError(f"--vary {key}: unknown key")
+
+
+def apply_override(settings: Settings, key: str, value: Any) -> Settings:
+    """``settings`` with ``key`` set to ``value``, re-validated (ConfigError when rejected)."""
+    data = settings.to_dict()
+    if key == "workload.kind":
+        data["workload"] = {"kind": value}
+    else:
+        node = data
+        path = key.split(".")
+        for p in path[:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[path[-1]] = value
+    return load_settings(flags=data)
+
+
+# --- the sweep
+
+
+@dataclass
+class SweepPoint:
+    value: Any
+    status: str  # ok | rejected
+    reason: str | None = None
+    run_id: str | None = None
+    pre_median_ms: float | None = None
+    pre_max_ms: float | None = None
+    infer_median_ms: float | None = None
+    infer_max_ms: float | None = None
+    decode_median_ms: float | None = None
+    total_median_ms: float | None = None
+    peak_rss_bytes: int | None = None
+    peak_gpu_mem_bytes: int | None = None
+    out_tokens: float | None = None
+    sample_output: str | None = None
+    age_p95_ms: float | None = None  # paced points (run.fps sweeps)
+    drop_fraction: float | None = None  # paced points: (drops + stale) / captured
+    profile: ProfileResult | None = None
+
+
+@dataclass
+class SweepResult:
+    key: str
+    values: list[Any]
+    frames: int
+    paced: bool
+    points: list[SweepPoint]
+    knee_metric: str
+    knee_index: int | None
+    usable_until: Any = None
+    held_fixed: dict[str, Any] = field(default_factory=dict)
+    max_drop_fraction: float = 0.05
+
+    @property
+    def summary(self) -> str:
+        """One line: where the usable range ends (or that no knee was found)."""
+        if self.knee_index is None:
+            ok = [p.value for p in self.points if p.status == "ok"]
+            if not ok:
+                return "no value could be profiled"
+            return f"no knee found: usable over the whole range tried ({ok[0]}..{ok[-1]})"
+        knee = self.points[self.knee_index].value
+        return f"knee at {self.key}={knee}: usable range ends at {self.key}={self.usable_until}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for p in d["points"]:
+            p.pop("profile", None)
+        d["summary"] = self.summary
+        d["knee_rule"] = self.knee_rule
+        return {"schema": SCHEMA, **d}
+
+    @property
+    def knee_rule(self) -> str:
+        """The knee rule applied, in words."""
+        if self.paced:
+            return (
+                f"the first rate whose drop fraction exceeds criteria.max_drop_fraction "
+                f"({self.max_drop_fraction:g})"
+            )
+        return (
+            f"the first point whose total p50 per unit of {self.key} exceeds {KNEE_K:g}x "
+            f"the median of the earlier steps, with a jump over {KNEE_MIN_JUMP:.0%}"
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def to_markdown(self) -> str:
+        return render_markdown(self)
+
+    def to_svg(self) -> str:
+        return render_svg(self)
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, ConfigError | SoakdError | WorkloadError):
+        return msg or type(exc).__name__
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _point(value: Any, prof: ProfileResult) -> SweepPoint:
+    st = prof.stages
+    p = SweepPoint(
+        value=value,
+        status="ok",
+        run_id=prof.run_id,
+        pre_median_ms=st["pre"].median,
+        pre_max_ms=st["pre"].max,
+        infer_median_ms=st["infer"].median,
+        infer_max_ms=st["infer"].max,
+        decode_median_ms=st["decode"].median,
+        total_median_ms=st["total"].median,
+        peak_rss_bytes=prof.peak_rss_bytes,
+        peak_gpu_mem_bytes=prof.peak_gpu_mem_bytes,
+        out_tokens=prof.out_tokens,
+        sample_output=prof.sample_output,
+        profile=prof,
+    )
+    if prof.first_error is not None:
+        p.status, p.reason = "rejected", f"first frame raised: {prof.first_error}"
+    elif prof.measured == 0:
+        p.status = "rejected"
+        p.reason = prof.reason or "no frame finished without error"
+    return p
+
+
+def run_point(
+    settings: Settings,
+    key: str,
+    value: Any,
+    *,
+    frames: int,
+    paced: bool,
+    observers: Sequence[Observer] = (),
+) -> SweepPoint:
+    """Profile one value; any rejection becomes a ``rejected`` point with its reason."""
+    try:
+        s = apply_override(settings, key, value)
+    except ConfigError as exc:
+        return SweepPoint(value=value, status="rejected", reason=_one_line(exc))
+    try:
+        prof = profile(s, frames=frames, observers=observers, paced=paced)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # the model rejected the value: reported, the sweep goes on
+        return SweepPoint(value=value, status="rejected", reason=_one_line(exc))
+    p = _point(value, prof)
+    if paced and p.status == "ok":
+        p.age_p95_ms, p.drop_fraction = _paced_stats(s, prof.run_id)
+    return p
+
+
+def _paced_stats(settings: Settings, run_id: str) -> tuple[float | None, float | None]:
+    """Frame age p95 (after the first frame) and drop fraction of a paced point."""
+    import numpy as np
+
+    from soakd.store import profiling_queries as q
+    from soakd.store.db import connect
+
+    conn = connect(settings.resolved_db(), mark_orphans=False)
+    try:
+        age = q.frame_values(conn, run_id, ("frame_age_ms",), profile=True)["frame_age_ms"]
+        c = q.frame_counts(conn, run_id)
+    finally:
+        conn.close()
+    age = age[np.isfinite(age)]
+    lost = c["drops"] + c["stale"]
+    captured = c["rows"] + c["drops"]
+    return (
+        float(np.percentile(age, 95)) if age.size else None,
+        lost / captured if captured else None,
+    )
+
+
+def drop_knee(points: Sequence[SweepPoint], max_drop_fraction: float) -> int | None:
+    """Paced (run.fps) sweeps: index of the first point, in increasing rate, whose drop
+    fraction exceeds ``max_drop_fraction``."""
+    order = sorted(
+        (i for i, p in enumerate(points) if p.status == "ok" and p.drop_fraction is not None),
+        key=lambda i: float(points[i].value),
+    )
+    for i in order:
+        frac = points[i].drop_fraction
+        if frac is not None and frac > max_drop_fraction:
+            return i
+    return None
+
+
+def sweep(
+    settings: Settings,
+    key: str,
+    values: Sequence[Any],
+    *,
+    frames: int = 20,
+    progress: ProgressFn | None = None,
+    observers: Sequence[Observer] = (),
+) -> SweepResult:
+    """Profile ``settings`` once per value of ``key`` (everything else held fixed) and find
+    the knee. ``progress(done, total, value)`` is called before each point and at the end."""
+    if frames < 2:
+        raise ValueError("a sweep point needs at least 2 frames (the first is set apart)")
+    check_key(settings, key)
+    paced = key == "run.fps"
+    points: list[SweepPoint] = []
+    for i, v in enumerate(values):
+        if progress is not None:
+            progress(i, len(values), v)
+        points.append(run_point(settings, key, v, frames=frames, paced=paced, observers=observers))
+    if progress is not None:
+        progress(len(values), len(values), None)
+    if paced:
+        metric = "drop_fraction"
+        knee = drop_knee(points, settings.criteria.max_drop_fraction)
+    else:
+        metric = "total_median_ms"
+        ys = [p.total_median_ms if p.status == "ok" else None for p in points]
+        knee = find_knee([p.value for p in points], ys)
+    usable = None
+    if knee is not None:
+        before = _ok_below(points, knee)
+        usable = before[-1].value if before else None
+    fixed = {
+        k: v
+        for k, v in flatten(settings.to_dict()).items()
+        if k.split(".")[-1] in ("prompt", "max_new_tokens", "num_beams") and k != key
+    }
+    return SweepResult(
+        key=key,
+        values=list(values),
+        frames=frames,
+        paced=paced,
+        points=points,
+        knee_metric=metric,
+        knee_index=knee,
+        usable_until=usable,
+        held_fixed=fixed,
+        max_drop_fraction=settings.criteria.max_drop_fraction,
+    )
+
+
+def _ok_below(points: Sequence[SweepPoint], knee: int) -> list[SweepPoint]:
+    """The accepted points whose value is below the knee's, in increasing value."""
+    kv = points[knee].value
+    try:
+        below = [p for p in points if p.status == "ok" and p.value < kv]
+        return sorted(below, key=lambda p: p.value)
+    except TypeError:  # non-numeric values: sweep order
+        return [p for p in points[:knee] if p.status == "ok"]
+
+
+# --- rendering
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _mb(v: int | None) -> str:
+    return "–" if v is None else f"{v / (1 << 20):.0f}"
+
+
+def _cell(text: str | None, n: int = 60) -> str:
+    if text is None:
+        return "–"
+    t = "".join(ch if ch.isprintable() else "\ufffd" for ch in text.replace("\n", " "))
+    t = t.replace("|", "\\|")
+    return t if len(t) <= n else t[: n - 1] + "…"
+
+
+def render_markdown(r: SweepResult) -> str:
+    """The sweep as a Markdown table, the knee line and the held-fixed note."""
+    how = "paced at each rate" if r.paced else "back to back"
+    lines = [
+        f"## soakd sweep `{r.key}` ({len(r.values)} values, {r.frames} frames each, {how})",
+        "",
+    ]
+    head = (
+        "| value | status | pre p50 | pre max | infer p50 | infer max | total p50 |"
+        + (" age p95 | drops |" if r.paced else "")
+        + " peak RSS MB | peak GPU MB | out tokens | sample output |"
+    )
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for i, p in enumerate(r.points):
+        mark = " **knee**" if i == r.knee_index else ""
+        if p.status != "ok":
+            cols = head.count("|") - 3
+            lines.append(f"| {p.value}{mark} | rejected: {_cell(p.reason, 120)} |" + " – |" * cols)
+            continue
+        drops = "–" if p.drop_fraction is None else f"{p.drop_fraction:.1%}"
+        age = f" {_ms(p.age_p95_ms)} | {drops} |" if r.paced else ""
+        lines.append(
+            f"| {p.value}{mark} | ok | {_ms(p.pre_median_ms)} | {_ms(p.pre_max_ms)} | "
+            f"{_ms(p.infer_median_ms)} | {_ms(p.infer_max_ms)} | {_ms(p.total_median_ms)} |"
+            f"{age} {_mb(p.peak_rss_bytes)} | {_mb(p.peak_gpu_mem_bytes)} | "
+            f"{'–' if p.out_tokens is None else f'{p.out_tokens:g}'} | "
+            f"{_cell(p.sample_output)} |"
+        )
+    lines += [
+        "",
+        f"**{r.summary}**",
+        "",
+        "Times in ms (p50 = median over the frames after the first; the first frame is "
+        f"left out). Knee rule: {r.knee_rule}.",
+    ]
+    if r.held_fixed:
+        fixed = ", ".join(f"{k}={v!r}" for k, v in r.held_fixed.items())
+        lines += ["", f"Held fixed: {fixed}."]
+    return "\n".join(lines) + "\n"
+
+
+def render_svg(r: SweepResult) -> str:
+    """Total and per-stage medians against the varied value (an inline SVG chart)."""
+    from soakd.report.svg import Series, VLine, line_chart
+
+    ok = [p for p in r.points if p.status == "ok"]
+    numeric = all(isinstance(p.value, int | float) and not isinstance(p.value, bool) for p in ok)
+    xs = [float(p.value) if numeric else float(i) for i, p in enumerate(ok)]
+    series = [
+        Series(name, xs, [math.nan if getattr(p, attr) is None else getattr(p, attr) for p in ok])
+        for name, attr in (
+            ("total p50", "total_median_ms"),
+            ("pre p50", "pre_median_ms"),
+            ("infer p50", "infer_median_ms"),
+            ("infer max", "infer_max_ms"),
+            ("decode p50", "decode_median_ms"),
+        )
+    ]
+    if r.paced:
+        series.append(
+            Series("age p95", xs, [math.nan if p.age_p95_ms is None else p.age_p95_ms for p in ok])
+        )
+    series[3] = Series("infer max", series[3].x, series[3].y, dash="4 3")
+    vlines = []
+    if r.knee_index is not None and numeric:
+        v = r.points[r.knee_index].value
+        vlines.append(VLine(float(v), f"knee at {v}", color="#d62728"))
+    return line_chart(
+        series,
+        x_label=r.key,
+        y_label="ms",
+        title=f"soakd sweep: {r.key}",
+        vlines=vlines,
+        y_zero=True,
+        panel_id="sweep",
+    )

@@ -1,0 +1,359 @@
+"""soakd compare and baselines: config diff, noise-aware metrics, regression gate, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from soakd.compare import (
+    Comparison,
+    compare,
+    config_diff,
+    flatten,
+    floor_slope,
+)
+from soakd.config import Settings
+from soakd.errors import UsageError
+from soakd.records import Emission, FrameRecord
+from soakd.store import db as store
+from soakd.store import profiling_queries as q
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def md_tables_consistent(text: str) -> int:
+    """Check every Markdown table has the same cell count on each row; return the count of
+    tables (a malformed one raises AssertionError)."""
+    tables = 0
+    block: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            assert re.fullmatch(r"\|(---\|)+", block[1]), block[:2]
+            widths = {len(re.split(r"(?<!\\)\|", row)) for row in block}
+            assert len(widths) == 1, block
+            tables += 1
+            block = []
+    return tables
+
+
+# --- pure parts
+
+
+def test_config_diff_ignores_name_db_duration_and_flattens() -> None:
+    """The diff lists dotted keys that differ and ignores run.name/db/duration and service."""
+    a = {
+        "run": {"name": "x", "db": "a.db", "duration": 10, "fps": 2},
+        "workload": {"kind": "synthetic", "infer_ms": 20, "options": {}},
+        "service": {"notify": True},
+    }
+    b = {
+        "run": {"name": "y", "db": "b.db", "duration": 99, "fps": 2},
+        "workload": {"kind": "synthetic", "infer_ms": 30, "options": {"k": 1}},
+        "service": {"notify": False},
+    }
+    diff = config_diff(a, b)
+    assert [(d.key, d.a, d.b) for d in diff] == [
+        ("workload.infer_ms", 20, 30),
+        ("workload.options", {}, None),
+        ("workload.options.k", None, 1),
+    ]
+    assert flatten({"a": {"b": {"c": 1}}, "d": []}) == {"a.b.c": 1, "d": []}
+
+
+def test_floor_slope_sees_a_leak_under_a_sawtooth_but_not_the_sawtooth() -> None:
+    """Window floors make a sawtooth flat and a leak under it a positive MB/min slope."""
+    t = np.arange(0, 120, 0.1)
+    saw = (t % 5.0) / 5.0 * 50 * (1 << 20)
+    base = 200.0 * (1 << 20)
+    flat = floor_slope(t, base + saw, 10.0, 0.01)
+    leak = floor_slope(t, base + saw + t / 60.0 * 10 * (1 << 20), 10.0, 0.01)
+    assert flat is not None and leak is not None
+    assert abs(flat[0]) < 0.5
+    assert 9.0 < leak[0] < 11.0
+    assert floor_slope(t[:20], base + saw[:20], 10.0, 0.01) is None  # fewer than 3 windows
+
+
+# --- runs in a real database
+
+
+def _insert_run(
+    conn: object,
+    rid: str,
+    settings: Settings,
+    *,
+    mode: str = "soak",
+    verdicts: dict[str, str] | None = None,
+) -> None:
+    conn.execute(  # type: ignore[attr-defined]
+        "INSERT INTO runs (id, mode, status, started_at, started_unix, pid, host,"
+        " workload_kind, config, config_hash) VALUES (?, ?, 'completed', '2026-01-01T00:00:00Z',"
+        " ?, ?, ?, ?, ?, ?)",
+        (
+            rid,
+            mode,
+            time.time(),
+            os.getpid(),
+            os.uname().nodename,
+            settings.workload.kind,
+            json.dumps(settings.to_dict()),
+            settings.config_hash(),
+        ),
+    )
+    for crit, status in (verdicts or {}).items():
+        conn.execute(  # type: ignore[attr-defined]
+            "INSERT INTO verdicts (run_id, criterion, status, value, unit) VALUES (?,?,?,?,?)",
+            (rid, crit, status, 1.0, "ms"),
+        )
+
+
+def _write(db_path: Path, rid: str, records: list[object]) -> None:
+    w = store.StoreWriter(db_path, rid, flush_interval_s=0.05)
+    w.start()
+    for r in records:
+        w.put(r)  # type: ignore[arg-type]
+    w.close()
+    assert w.error is None
+
+
+def _frames(infer: np.ndarray, *, warm: int = 5, drops_at_end: int = 0) -> list[object]:
+    out: list[object] = []
+    n = len(infer)
+    for i, v in enumerate(infer):
+        out.append(
+            FrameRecord(
+                frame_id=i,
+                t_sched=i * 0.05,
+                t_capture=i * 0.05,
+                t_dispatch=i * 0.05,
+                t_done=i * 0.05 + v / 1000,
+                lateness_ms=0.0,
+                grab_ms=0.5,
+                pre_ms=2.0,
+                infer_ms=float(v),
+                decode_ms=2.0,
+                total_ms=4.5 + float(v),
+                frame_age_ms=1.0,
+                drop_count=drops_at_end if i == n - 1 else 0,
+                first=i == 0,
+                warmup=i < warm,
+            )
+        )
+    return out
+
+
+def test_compare_on_stored_runs_flags_regression_drops_and_criteria(
+    db_path: Path, synthetic: Callable[..., Settings]
+) -> None:
+    """Planted per-frame data: +50 % infer is beyond noise, drops are tested with Fisher,
+    criteria outcomes line up, outputs are valid JSON and Markdown."""
+    rng = np.random.default_rng(1)
+    conn = store.connect(db_path)
+    sa, sb = synthetic(), synthetic("workload.infer_ms=30")
+    _insert_run(conn, "A", sa, verdicts={"errors": "pass", "memory": "pass"})
+    _insert_run(conn, "B", sb, verdicts={"errors": "pass", "memory": "fail"})
+    _write(db_path, "A", _frames(20 + rng.normal(0, 1, 200)))
+    _write(db_path, "B", _frames(30 + rng.normal(0, 1, 200), drops_at_end=60))
+    c = compare(conn, "A", "B")
+    assert [d.key for d in c.config_diff] == ["workload.infer_ms"]
+    assert not any("explains neither" in w for w in c.warnings)
+    infer = c.metric("infer_ms.p50")
+    assert infer.beyond_noise is True and infer.p is not None and infer.p < 1e-6
+    assert 40 < (infer.change_pct or 0) < 60
+    assert c.metric("infer_ms.max").test == "no test"
+    assert c.metric("grab_ms.p50").beyond_noise is False  # identical constant values
+    drops = c.metric("drop_fraction")
+    assert drops.a == 0 and drops.b == pytest.approx(60 / 255)
+    assert drops.beyond_noise is True
+    memory = next(r for r in c.criteria if r.criterion == "memory")
+    assert (memory.a_status, memory.b_status, memory.changed) == ("pass", "fail", True)
+    assert c.regression("total_ms.p50", 10).failed
+    assert not c.regression("total_ms.p50", 60).failed
+    with pytest.raises(UsageError, match="not a metric"):
+        c.metric("nope")
+    d = json.loads(json.dumps(c.to_dict()))
+    assert d["schema"] == "soakd.compare/1"
+    assert md_tables_consistent(c.to_markdown()) == 4
+
+
+def test_compare_warns_when_more_than_one_variable_differs(
+    db_path: Path, synthetic: Callable[..., Settings]
+) -> None:
+    """Two changed keys give the 'explains neither' warning, in the Markdown too."""
+    conn = store.connect(db_path)
+    _insert_run(conn, "A", synthetic())
+    _insert_run(conn, "B", synthetic("workload.infer_ms=30", "run.fps=10"))
+    rng = np.random.default_rng(2)
+    _write(db_path, "A", _frames(20 + rng.normal(0, 1, 50)))
+    _write(db_path, "B", _frames(30 + rng.normal(0, 1, 50)))
+    c = compare(conn, "A", "B")
+    assert {d.key for d in c.config_diff} == {"workload.infer_ms", "run.fps"}
+    assert any("2 configuration variables differ" in w for w in c.warnings)
+    assert "explains neither" in c.to_markdown()
+
+
+def test_generator_runs_report_first_output_and_intervals_apart(
+    db_path: Path, synthetic: Callable[..., Settings]
+) -> None:
+    """First-output latency and inter-output intervals are separate metrics; each request's
+    first emission (NULL interval) never enters the interval statistics."""
+    conn = store.connect(db_path)
+    gen = synthetic("workload.kind='generator'")
+    for rid, iv in (("A", 10.0), ("B", 15.0)):
+        _insert_run(conn, rid, gen)
+        recs: list[object] = []
+        for f in range(30):
+            recs.append(
+                FrameRecord(
+                    frame_id=f,
+                    t_sched=f,
+                    t_capture=f,
+                    t_dispatch=f,
+                    t_done=f + 0.5,
+                    lateness_ms=0,
+                    grab_ms=0.1,
+                    first_emit_ms=400.0,
+                    emitted=4,
+                    warmup=f < 2,
+                    first=f == 0,
+                )
+            )
+            for k in range(4):
+                recs.append(
+                    Emission(
+                        frame_id=f,
+                        idx=k,
+                        t_emit=f + k * iv / 1000,
+                        interval_ms=None if k == 0 else iv + 0.01 * (f % 3),
+                        chunk=k,
+                        chunk_frames=1,
+                        chunk_ms=iv,
+                    )
+                )
+        _write(db_path, rid, recs)
+    c = compare(conn, "A", "B")
+    iv50 = c.metric("interval_ms.p50")
+    assert iv50.a == pytest.approx(10.01) and iv50.b == pytest.approx(15.01)
+    assert iv50.beyond_noise is True
+    assert c.metric("interval_ms.max").b == pytest.approx(15.02)
+    fe = c.metric("first_emit_ms.p50")
+    assert fe.a == fe.b == 400.0 and fe.beyond_noise is False
+    assert q.emission_intervals(conn, "A").size == 28 * 3  # warm-up requests left out
+
+
+def test_baselines_resolve_by_name_prefix_and_fail_clearly(
+    db_path: Path, synthetic: Callable[..., Settings]
+) -> None:
+    """A baseline resolves as baseline:NAME or a bare name; unknown refs raise one line."""
+    conn = store.connect(db_path)
+    _insert_run(conn, "20260101T000000-aaaaaa", synthetic())
+    _insert_run(conn, "20260101T000000-bbbbbb", synthetic())
+    q.set_baseline(conn, "release", "20260101T000000-aaaaaa")
+    assert q.resolve_run(conn, "baseline:release") == "20260101T000000-aaaaaa"
+    assert q.resolve_run(conn, "release") == "20260101T000000-aaaaaa"
+    assert q.resolve_run(conn, "20260101T000000-b") == "20260101T000000-bbbbbb"
+    q.set_baseline(conn, "release", "20260101T000000-bbbbbb")  # re-marking replaces
+    assert [b["run_id"] for b in q.list_baselines(conn)] == ["20260101T000000-bbbbbb"]
+    with pytest.raises(UsageError, match="ambiguous"):
+        q.resolve_run(conn, "2026")
+    with pytest.raises(UsageError, match="no baseline named 'nope'"):
+        q.resolve_run(conn, "baseline:nope")
+    with pytest.raises(UsageError, match="no run or baseline"):
+        q.resolve_run(conn, "zzz")
+
+
+# --- end to end: real synthetic runs and the real CLI
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Two runs of one config and one with infer_ms 20 -> 30, in one real database."""
+    from soakd.config import load_settings
+    from soakd.runner import run_soak
+
+    db = tmp_path_factory.mktemp("cmp") / "soakd.db"
+    base = [
+        "workload.kind=synthetic",
+        f"run.db={str(db)!r}",
+        "run.duration=2.5",
+        "run.fps=25",
+        "run.warmup_s=0.3",
+        "run.log_every=0",
+        "source.width=64",
+        "source.height=48",
+        "workload.pre_ms=1",
+        "workload.decode_ms=1",
+        "criteria.min_duration_s=1",
+        "criteria.min_frames=5",
+    ]
+    ids = []
+    for extra in ([], [], ["workload.infer_ms=30"]):
+        s = load_settings(overrides=[*base, *extra])
+        ids.append(run_soak(s).run_id)
+    return db, ids
+
+
+@pytest.mark.slow
+def test_compare_detects_planted_regression_but_not_noise(
+    three_runs: tuple[Path, list[str]],
+) -> None:
+    """Synthetic infer 20 -> 30 ms is a significant regression; two runs of one config are
+    not beyond noise and pass a 10 % gate."""
+    db, (a1, a2, b) = three_runs
+    conn = store.connect(db)
+    same = compare(conn, a1, a2)
+    assert same.config_diff == []
+    assert same.metric("infer_ms.p50").beyond_noise is False
+    assert same.metric("total_ms.p50").beyond_noise is False
+    assert not same.regression("total_ms.p50", 10).failed
+    worse = compare(conn, a1, b)
+    assert [d.key for d in worse.config_diff] == ["workload.infer_ms"]
+    m = worse.metric("infer_ms.p50")
+    assert m.beyond_noise is True and 35 < (m.change_pct or 0) < 65
+    assert worse.regression("infer_ms.p50", 20).failed
+    assert isinstance(worse, Comparison)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "soakd", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_cli_compare_gate_exit_codes_and_baselines(three_runs: tuple[Path, list[str]]) -> None:
+    """`soakd compare --fail-on-regression` exits 1 on the planted regression and 0 on
+    noise; `baseline set/list` work and compare accepts baseline:NAME; bad refs exit 2."""
+    db, (a1, a2, b) = three_runs
+    r = _cli("baseline", "set", a1, "--name", "good", "--db", str(db))
+    assert r.returncode == 0, r.stderr
+    r = _cli("baseline", "list", "--json", "--db", str(db))
+    assert json.loads(r.stdout.splitlines()[0])["run_id"] == a1
+    r = _cli("compare", "baseline:good", b, "--fail-on-regression", "10", "--db", str(db))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "REGRESSION total_ms.p50" in r.stderr
+    md_tables_consistent(r.stdout)
+    r = _cli("compare", "good", a2, "--json", "--fail-on-regression", "10", "--db", str(db))
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    assert d["regression"]["failed"] is False and d["run_a"]["id"] == a1
+    r = _cli("compare", "nope", b, "--db", str(db))
+    assert r.returncode == 2 and "nope" in r.stderr
+    r = _cli("compare", a1, b, "--metric", "bogus", "--fail-on-regression", "5", "--db", str(db))
+    assert r.returncode == 2 and "bogus" in r.stderr

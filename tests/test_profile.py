@@ -1,0 +1,216 @@
+"""soakd profile: the stage table, the first frame apart, the rate it implies, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from soakd.config import Settings
+from soakd.profiling import (
+    RECOMMEND_BAND,
+    profile,
+    profile_from_db,
+    recommend,
+    round_down_2sig,
+)
+from soakd.records import Emission, FrameRecord
+from soakd.store import db as store
+from soakd.store import profiling_queries as q
+from tests.test_compare import md_tables_consistent
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_round_down_2sig_examples() -> None:
+    """Two significant digits, always rounded down."""
+    assert round_down_2sig(25.97) == 25
+    assert round_down_2sig(0.357) == 0.35
+    assert round_down_2sig(2.4) == 2.4
+    assert round_down_2sig(1234.0) == 1200
+    assert round_down_2sig(0.0) == 0.0
+
+
+@given(st.floats(min_value=0.01, max_value=1600.0))
+def test_recommended_rate_stays_inside_the_band(theo: float) -> None:
+    """The recommended rate is within 0.5-0.6x the theoretical rate and the band is 0.5-0.7x."""
+    rec, band = recommend(theo)
+    assert rec is not None and band is not None
+    assert RECOMMEND_BAND[0] * theo * (1 - 1e-9) <= rec <= 0.6 * theo * (1 + 1e-9)
+    assert band == pytest.approx((0.5 * theo, 0.7 * theo), rel=1e-3, abs=1e-3)
+
+
+def test_no_rate_without_a_total() -> None:
+    """Without a median total there is no theoretical or recommended rate."""
+    assert recommend(None) == (None, None)
+
+
+@pytest.mark.slow
+def test_profile_of_synthetic_workload_gives_known_medians_and_rate(
+    synthetic: Callable[..., Settings], db_path: Path
+) -> None:
+    """Known synthetic stage times (2/20/2 ms, no jitter) come back as the medians within
+    sleep overshoot; the rate is 1000/total and the recommendation 0.5-0.7x of it; the run
+    is stored with mode 'profile'."""
+    s = synthetic(
+        "workload.jitter=0", "workload.pre_ms=2", "workload.infer_ms=20", "workload.decode_ms=2"
+    )
+    r = profile(s, frames=15)
+    assert r.frames == 15 and r.measured == 14 and r.errors == 0
+    st_ = r.stages
+    assert st_["pre"].median is not None and 2.0 <= st_["pre"].median < 3.5
+    assert st_["infer"].median is not None and 20.0 <= st_["infer"].median < 23.0
+    assert st_["decode"].median is not None and 2.0 <= st_["decode"].median < 3.5
+    total = st_["total"].median
+    assert total is not None and 24.0 <= total < 29.0
+    assert r.theoretical_fps == pytest.approx(1000.0 / total)
+    assert r.recommended_fps is not None and r.theoretical_fps is not None
+    assert 0.5 * r.theoretical_fps <= r.recommended_fps <= 0.7 * r.theoretical_fps
+    assert r.fps_flag == f"--fps {r.recommended_fps:g}"
+    assert r.first["infer"] is not None and r.first["infer"] >= 20.0
+    assert r.sample_output == "frame 1" and r.out_tokens == 1
+    conn = store.connect(db_path)
+    run = q.get_run(conn, r.run_id)
+    assert run is not None and run.mode == "profile" and run.status == "completed"
+    assert (
+        conn.execute("SELECT count(*) FROM frames WHERE run_id = ?", (r.run_id,)).fetchone()[0]
+        == 15
+    )
+    d = json.loads(r.to_json())
+    assert d["schema"] == "soakd.profile/1" and d["fps_flag"] == r.fps_flag
+    md = r.to_markdown()
+    assert md_tables_consistent(md) == 1
+    assert "held fixed" in md and r.fps_flag in md
+
+
+def test_generator_profile_keeps_first_output_apart_from_intervals(
+    synthetic: Callable[..., Settings], db_path: Path
+) -> None:
+    """For a generator run the first request's first-output latency is reported on its own,
+    and the interval statistics hold only later outputs of later requests."""
+    conn = store.connect(db_path)
+    s = synthetic("workload.kind='generator'")
+    conn.execute(
+        "INSERT INTO runs (id, mode, status, started_at, started_unix, pid, host, workload_kind,"
+        " config, config_hash) VALUES ('G', 'profile', 'completed', '2026-01-01T00:00:00Z', ?,"
+        " ?, ?, 'generator', ?, 'h')",
+        (time.time(), os.getpid(), os.uname().nodename, json.dumps(s.to_dict())),
+    )
+    w = store.StoreWriter(db_path, "G", flush_interval_s=0.05)
+    w.start()
+    for f in range(5):
+        first = f == 0
+        w.put(
+            FrameRecord(
+                frame_id=f,
+                t_sched=f,
+                t_capture=f,
+                t_dispatch=f,
+                t_done=f + 0.5,
+                lateness_ms=0,
+                grab_ms=0.1,
+                pre_ms=1,
+                infer_ms=50,
+                decode_ms=5,
+                total_ms=56.1,
+                first_emit_ms=900.0 if first else 40.0 + f,
+                emitted=3,
+                first=first,
+            )
+        )
+        for k in range(3):
+            iv = None if k == 0 else (500.0 if first else 10.0 * k)
+            w.put(
+                Emission(
+                    frame_id=f,
+                    idx=k,
+                    t_emit=f + k / 100,
+                    interval_ms=iv,
+                    chunk=k,
+                    chunk_frames=1,
+                    chunk_ms=10,
+                )
+            )
+    w.close()
+    r = profile_from_db(conn, "G")
+    assert r.stream is not None
+    assert r.stream.first_output_ms == 900.0
+    assert r.stream.first_output_max_ms == 44.0  # the first request is not in the rest
+    assert r.stream.intervals == 8
+    assert r.stream.interval_max_ms == 20.0 and r.stream.interval_p50_ms == 15.0
+    md = r.to_markdown()
+    assert md_tables_consistent(md) == 2 and "first output" in md
+    assert json.loads(r.to_json())["stream"]["interval_p95_ms"] == pytest.approx(20.0)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "soakd", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_cli_profile_json_and_config_error(tmp_path: Path) -> None:
+    """`soakd profile --json` prints valid JSON and exits 0; a bad --set exits 2 with the
+    key named on one line."""
+    db = tmp_path / "p.db"
+    r = _cli(
+        "profile",
+        "--frames",
+        "6",
+        "--json",
+        "--db",
+        str(db),
+        "--set",
+        "workload.kind=synthetic",
+        "--set",
+        "workload.infer_ms=5",
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["frames"] == 6 and d["recommended_fps"] > 0
+    assert d["fps_flag"].startswith("--fps ")
+    r = _cli("profile", "--db", str(db), "--set", "run.fps=-2")
+    assert r.returncode == 2
+    assert "run.fps" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_profile_of_the_real_tiny_model(tmp_path: Path) -> None:
+    """The tiny random-weight VLM profiles: every stage timed, fixed output length held and
+    reported, a sample text, a recommended rate."""
+    pytest.importorskip("soakd.workloads.hf", reason="the tiny-vlm workload is not written yet")
+    from soakd.config import load_settings
+
+    s = load_settings(
+        overrides=[
+            f"run.db={str(tmp_path / 'm.db')!r}",
+            "run.log_every=0",
+            "workload.kind=tiny-vlm",
+            "workload.arch=llava",
+            "workload.short_side=28",
+            f"workload.cache_dir={str(tmp_path / 'cache')!r}",
+        ]
+    )
+    r = profile(s, frames=5)
+    assert r.errors == 0 and r.measured == 4, r.first_error
+    for stage in ("pre", "infer", "decode"):
+        assert (r.stages[stage].median or 0) > 0
+    assert r.held_fixed["max_new_tokens"] == s.workload.max_new_tokens  # type: ignore[union-attr]
+    assert "prompt" in r.held_fixed
+    assert isinstance(r.sample_output, str)
+    assert r.recommended_fps is not None and r.recommended_fps > 0
+    assert md_tables_consistent(r.to_markdown()) == 1

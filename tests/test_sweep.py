@@ -1,0 +1,284 @@
+"""soakd sweep: the knee rule, one-variable overrides, rejected values, outputs, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from soakd.config import ConfigError, Settings
+from soakd.records import Frame, StageOutput
+from soakd.sweep import apply_override, check_key, find_knee, parse_vary, sweep
+from soakd.workloads.base import WorkloadError
+from tests.test_compare import md_tables_consistent
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- the knee rule (pure)
+
+
+def test_find_knee_examples() -> None:
+    """A step is a knee; proportional growth, flat noise and too few points are not."""
+    sizes = [224, 336, 448, 560, 672]
+    assert find_knee(sizes, [10, 12, 14, 60, 63]) == 3
+    assert find_knee(sizes, [10, 20, 30, 40, 50]) is None  # linear
+    assert find_knee([5, 10, 15, 20, 80], [9, 14, 19, 24, 84]) is None  # proportional
+    assert find_knee([5, 10, 15, 20, 25], [9, 14, 19, 24, 84]) == 4  # out of proportion
+    assert find_knee(sizes, [10, 10.2, 9.9, 10.1, 10.3]) is None  # flat noise
+    assert find_knee([1, 2], [1, 100]) is None  # no earlier step to compare with
+    # rejected points (None) are skipped; the index is into the original list
+    assert find_knee([224, 336, 400, 448, 560], [10, 12, None, 14, 60]) == 4
+    # values are taken in increasing order
+    assert find_knee([672, 560, 448, 336, 224], [63, 60, 14, 12, 10]) == 1
+    assert find_knee(["a", "b", "c"], [1, 2, 30]) is None  # non-numeric: no knee
+
+
+@given(
+    x0=st.floats(1, 1000),
+    h=st.floats(0.1, 1000),
+    n=st.integers(3, 12),
+    c=st.floats(0, 1000),
+    b=st.one_of(st.just(0.0), st.floats(1e-3, 100)),
+)
+def test_linear_growth_is_never_a_knee(x0: float, h: float, n: int, c: float, b: float) -> None:
+    """Time growing in proportion to the value (any offset and slope) has no knee."""
+    xs = [x0 + i * h for i in range(n)]
+    assert find_knee(xs, [c + b * x for x in xs]) is None
+
+
+@given(x0=st.floats(1, 50), n=st.integers(3, 12), c=st.floats(0, 100), a=st.floats(1e-3, 10))
+def test_quadratic_growth_is_not_a_knee(x0: float, n: int, c: float, a: float) -> None:
+    """Time growing with the square of an evenly stepped value starting at least one step
+    above zero (e.g. time against an image side) has no knee."""
+    h = x0
+    xs = [x0 + i * h for i in range(n)]
+    assert find_knee(xs, [c + a * x * x for x in xs]) is None
+
+
+@given(n_before=st.integers(2, 8), jump=st.floats(4, 100), base=st.floats(1, 100))
+def test_a_step_after_steady_growth_is_the_knee(n_before: int, jump: float, base: float) -> None:
+    """A step of more than k x the earlier slope after steady growth is found at the step."""
+    xs = list(range(1, n_before + 3))
+    ts = [base + x for x in xs[: n_before + 1]]
+    ts.append(ts[-1] + jump * max(1.0, 0.25 * ts[-1]))
+    assert find_knee(xs, ts) == n_before + 1
+
+
+# --- overrides
+
+
+def test_apply_override_revalidates_and_check_key_rejects_unknown(
+    synthetic: Callable[..., Settings],
+) -> None:
+    """A value is applied like --set and re-validated; unknown keys and bad values raise
+    ConfigError with the key named."""
+    s = synthetic()
+    assert apply_override(s, "workload.infer_ms", 7).workload.infer_ms == 7  # type: ignore[union-attr]
+    assert apply_override(s, "run.fps", 3).run.fps == 3
+    with pytest.raises(ConfigError, match=r"workload\.infer_ms"):
+        apply_override(s, "workload.infer_ms", -1)
+    with pytest.raises(ConfigError, match="unknown key"):
+        check_key(s, "workload.nope")
+    check_key(s, "workload.infer_ms")
+    assert parse_vary("workload.short_side=336, 448,560") == (
+        "workload.short_side",
+        [336, 448, 560],
+    )
+    assert parse_vary("workload.prompt=hi,'a b'")[1] == ["hi", "a b"]
+    with pytest.raises(ConfigError, match="expected KEY="):
+        parse_vary("workload.short_side")
+
+
+# --- end to end with a workload whose infer time steps up past a known size
+
+
+class Stepped:
+    """Infer time 0.02 ms per unit of ``size`` up to 448, four times that above (the knee);
+    sizes over 900 make every infer raise (a value the model rejects)."""
+
+    shape: Literal["staged"] = "staged"
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.size = int(options["size"])
+        self._stop = threading.Event()
+
+    def setup(self) -> None:
+        return None
+
+    def preprocess(self, frame: Frame) -> Any:
+        return frame.id
+
+    def infer(self, inputs: Any) -> Any:
+        if self.size > 900:
+            raise ValueError(f"input size {self.size} exceeds the model's maximum")
+        per = 0.02 if self.size <= 448 else 0.08
+        self._stop.wait(per * self.size / 1000)
+        return inputs
+
+    def decode(self, outputs: Any) -> StageOutput:
+        return StageOutput(text=f"size {self.size}", tokens=3)
+
+    def sync(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def build_stepped(options: dict[str, Any], ctx: Any) -> Stepped:
+    if int(options["size"]) <= 0:
+        raise WorkloadError(f"size must be > 0, got {options['size']}")
+    return Stepped(options)
+
+
+@pytest.fixture
+def stepped(synthetic: Callable[..., Settings]) -> Settings:
+    return synthetic(
+        "workload.kind='python'",
+        "workload.factory='tests.test_sweep:build_stepped'",
+        "workload.options={size = 224}",
+    )
+
+
+@pytest.mark.slow
+def test_sweep_finds_the_knee_and_reports_rejected_values(
+    stepped: Settings, tmp_path: Path
+) -> None:
+    """Sizes 224..672 with a step above 448: the knee is 560 and the usable range ends at
+    448; a size the factory refuses and one whose infer raises are rejected with their
+    reason and the sweep goes on; Markdown, JSON and SVG outputs are valid."""
+    calls: list[tuple[int, int, Any]] = []
+    r = sweep(
+        stepped,
+        "workload.options.size",
+        [224, 336, 0, 448, 560, 999, 672],
+        frames=6,
+        progress=lambda d, n, v: calls.append((d, n, v)),
+    )
+    assert calls[0] == (0, 7, 224) and calls[-1] == (7, 7, None)
+    status = {p.value: p.status for p in r.points}
+    assert status == {
+        224: "ok",
+        336: "ok",
+        0: "rejected",
+        448: "ok",
+        560: "ok",
+        999: "rejected",
+        672: "ok",
+    }
+    reasons = {p.value: p.reason for p in r.points}
+    assert "size must be > 0" in (reasons[0] or "")
+    assert "exceeds the model's maximum" in (reasons[999] or "")
+    assert r.knee_index is not None and r.points[r.knee_index].value == 560
+    assert r.usable_until == 448
+    assert "usable range ends at workload.options.size=448" in r.summary
+    ok = [p for p in r.points if p.status == "ok"]
+    assert all(p.out_tokens == 3 and p.sample_output == f"size {p.value}" for p in ok)
+    d = json.loads(r.to_json())
+    assert d["schema"] == "soakd.sweep/1" and d["knee_index"] == r.knee_index
+    md = r.to_markdown()
+    assert md_tables_consistent(md) == 1 and "**knee**" in md
+    svg = ET.fromstring(r.to_svg())
+    names = {e.get("data-series") for e in svg.iter("{http://www.w3.org/2000/svg}path")}
+    assert {"total p50", "infer p50", "pre p50"} <= names
+
+
+@pytest.mark.slow
+def test_fps_sweep_is_paced_and_knee_is_the_first_dropping_rate(
+    synthetic: Callable[..., Settings],
+) -> None:
+    """Sweeping run.fps runs each point paced; a rate far above what a 40 ms infer holds
+    drops frames and is the knee, the rate below it ends the usable range."""
+    s = synthetic(
+        "workload.infer_ms=40", "workload.jitter=0", "workload.pre_ms=0", "workload.decode_ms=0"
+    )
+    r = sweep(s, "run.fps", [5, 100], frames=8)
+    assert r.paced and r.knee_metric == "drop_fraction"
+    slow, fast = r.points
+    assert slow.drop_fraction == 0
+    assert fast.drop_fraction is not None and fast.drop_fraction > 0.3
+    assert r.knee_index == 1 and r.usable_until == 5
+    assert md_tables_consistent(r.to_markdown()) == 1
+
+
+@pytest.mark.slow
+def test_cli_sweep_writes_json_and_plot_and_rejects_unknown_key(tmp_path: Path) -> None:
+    """`soakd sweep --format json -o --plot` writes valid JSON and SVG; an unknown key
+    exits 2 naming it."""
+    db, out, plot = tmp_path / "s.db", tmp_path / "s.json", tmp_path / "s.svg"
+    base = ["--db", str(db), "--set", "workload.kind=synthetic", "--frames", "4"]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "sweep",
+            "--vary",
+            "workload.infer_ms=2,-1,6",
+            *base,
+            "--format",
+            "json",
+            "-o",
+            str(out),
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert [p["status"] for p in d["points"]] == ["ok", "rejected", "ok"]
+    assert "must be >= 0" in d["points"][1]["reason"]
+    ET.fromstring(plot.read_text())
+    r = subprocess.run(
+        [sys.executable, "-m", "soakd", "sweep", "--vary", "workload.bogus=1,2", *base],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "workload.bogus" in r.stderr
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_sweep_of_the_real_tiny_model_over_input_sizes(tmp_path: Path) -> None:
+    """The tiny VLM sweeps over input short sides; each point is profiled (or rejected with
+    a reason), preprocessing is timed, outputs are valid."""
+    pytest.importorskip("soakd.workloads.hf", reason="the tiny-vlm workload is not written yet")
+    from soakd.config import load_settings
+
+    s = load_settings(
+        overrides=[
+            f"run.db={str(tmp_path / 'm.db')!r}",
+            "run.log_every=0",
+            "workload.kind=tiny-vlm",
+            "workload.arch=llava",
+            f"workload.cache_dir={str(tmp_path / 'cache')!r}",
+        ]
+    )
+    r = sweep(s, "workload.short_side", [28, 56, 84], frames=4)
+    ok = [p for p in r.points if p.status == "ok"]
+    assert len(ok) >= 2, [p.reason for p in r.points]
+    assert all((p.pre_median_ms or 0) > 0 and (p.infer_median_ms or 0) > 0 for p in ok)
+    assert all(isinstance(p.sample_output, str) for p in ok)
+    assert "workload.max_new_tokens" in r.held_fixed
+    json.loads(r.to_json())
+    assert md_tables_consistent(r.to_markdown()) == 1
+    ET.fromstring(r.to_svg())
