@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -59,6 +60,22 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _check_device(v: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
+        raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
+    return v
+
+
+def _check_factory(v: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
+        raise ValueError(f"must look like 'package.module:function', got {v!r}")
+    return v
+
+
+Device = Annotated[str, AfterValidator(_check_device)]  # cpu | cuda | cuda:N | mps
+FactoryRef = Annotated[str, AfterValidator(_check_factory)]  # "package.module:function"
 
 
 class _Section(BaseModel):
@@ -164,7 +181,7 @@ class TinyVlmWorkload(GenerationSettings):
     seed: int = 0  # weights seed of the tiny model (same seed -> same weights)
     short_side: int = Field(56, ge=14, le=4096)  # input short side fed to the processor
     max_new_tokens: int = Field(8, ge=1, le=4096)
-    device: str = "cpu"
+    device: Device = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
     cache_dir: str | None = None  # default: $CACHE_DIRECTORY or ~/.cache/soakd
     torch_threads: int | None = Field(1, ge=1, le=1024)  # 1: no OpenMP contention on a CPU box
@@ -175,19 +192,12 @@ class HfWorkload(GenerationSettings):
 
     kind: Literal["hf"] = "hf"
     model_path: str
-    device: str = "cpu"  # cpu | cuda | cuda:N
+    device: Device = "cpu"  # cpu | cuda | cuda:N
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     attn_implementation: str | None = None  # eager | sdpa | flash_attention_2
     trust_remote_code: bool = False
     short_side: int | None = Field(None, ge=14, le=8192)
     torch_threads: int | None = Field(None, ge=1, le=1024)  # None: torch's default
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
-            raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
-        return v
 
 
 class SessionWorkloadSettings(GenerationSettings):
@@ -195,7 +205,7 @@ class SessionWorkloadSettings(GenerationSettings):
 
     kind: Literal["session"] = "session"
     model_path: str | None = None  # None: the built-in tiny session model (offline tests)
-    device: str = "cpu"
+    device: Device = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     attn_implementation: str | None = None
     trust_remote_code: bool = False
@@ -209,19 +219,12 @@ class SessionWorkloadSettings(GenerationSettings):
     # one by less than this (mean absolute difference, 0-255) is answered with <|silence|>
     silence_threshold: float = Field(1.0, ge=0)
 
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
-            raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
-        return v
-
 
 class GeneratorWorkloadSettings(_Section):
     """A streaming frame generator (Matrix-Game style)."""
 
     kind: Literal["generator"] = "generator"
-    factory: str | None = None  # "pkg.mod:fn" for a real pipeline; None: built-in tiny one
+    factory: FactoryRef | None = None  # "pkg.mod:fn" for a real pipeline; None: built-in tiny one
     options: dict[str, Any] = Field(default_factory=dict)  # passed to the factory
     width: int = Field(64, ge=8, le=8192)
     height: int = Field(64, ge=8, le=8192)
@@ -229,23 +232,9 @@ class GeneratorWorkloadSettings(_Section):
     frames_per_chunk: int = Field(4, ge=1, le=1024)
     chunks_per_request: int = Field(2, ge=1, le=1024)
     channels: int = Field(16, ge=1, le=1024)
-    device: str = "cpu"
+    device: Device = "cpu"
     seed: int = 0
     response_timeout_s: Duration = Field(30.0, gt=0)  # a request not returning = hung
-
-    @field_validator("factory")
-    @classmethod
-    def _factory(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
-            raise ValueError(f"must look like 'package.module:function', got {v!r}")
-        return v
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
-            raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
-        return v
 
 
 class AvWorkloadSettings(GenerationSettings):
@@ -253,7 +242,7 @@ class AvWorkloadSettings(GenerationSettings):
 
     kind: Literal["av"] = "av"
     model_path: str | None = None  # None: the built-in tiny audio-visual model
-    device: str = "cpu"
+    device: Device = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = False
     video_fps: float = Field(2.0, gt=0, le=60)
@@ -268,15 +257,8 @@ class PythonWorkload(_Section):
     """A user's own workload: ``factory = "package.module:function"``."""
 
     kind: Literal["python"] = "python"
-    factory: str
+    factory: FactoryRef
     options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("factory")
-    @classmethod
-    def _factory(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
-            raise ValueError(f"must look like 'package.module:function', got {v!r}")
-        return v
 
 
 class PluginWorkload(_Section):
