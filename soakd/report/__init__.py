@@ -1,0 +1,30 @@
+"""Reports: a Verdict (and the run's series) to Markdown, JSON, JUnit XML or one offline
+HTML file. ``render(fmt, data, verdict)`` picks the renderer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from soakd.analysis.data import RunData
+from soakd.analysis.verdict import Verdict
+
+FORMATS: tuple[str, ...] = ("md", "json", "junit", "html")
+
+
+def render(fmt: str, data: RunData, verdict: Verdict) -> str:
+    """Render the report in ``fmt`` (one of FORMATS)."""
+    renderers: dict[str, Callable[[RunData, Verdict], str]]
+    from soakd.report.html import render_html
+    from soakd.report.json import render_json
+    from soakd.report.junit import render_junit
+    from soakd.report.markdown import render_markdown
+
+    renderers = {
+        "md": render_markdown,
+        "json": render_json,
+        "junit": render_junit,
+        "html": render_html,
+    }
+    if fmt not in renderers:
+        raise ValueError(f"unknown report format {fmt!r} (choose {', '.join(FORMATS)})")
+    return renderers[fmt](data, verdict)

@@ -1,0 +1,242 @@
+"""Plain-language hints from the data, printed beside the verdict.
+
+Each rule looks at window medians of the stage times, the memory series and the
+utilisation samples and says what it sees: which stage grew, whether the frame rate is too
+high for the machine (with a recommended rate), whether infer spikes look like memory
+pressure, contention or periodic work, and whether memory shows an allocator sawtooth or a
+lifted floor. Hints describe; the criteria decide.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from soakd.analysis import stats
+from soakd.analysis.data import RunData
+from soakd.config import CriteriaSettings
+
+STAGES = ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms")
+_NAMES = {
+    "grab_ms": "grab (capture)",
+    "pre_ms": "preprocess",
+    "infer_ms": "infer",
+    "decode_ms": "decode",
+    "total_ms": "total",
+}
+
+
+def stage_growth(
+    data: RunData, measured: np.ndarray, t0: float, t1: float, window_s: float, alpha: float
+) -> dict[str, tuple[bool, float, float]]:
+    """For each stage: (grew, slope in ms/min, median ms). A stage "grew" when its window
+    medians trend up significantly and the fitted rise over the run exceeds both 1 ms and
+    10 % of its median."""
+    out: dict[str, tuple[bool, float, float]] = {}
+    t = data.frames["t_capture"][measured]
+    span_min = max(t1 - t0, 0.0) / 60
+    for col in (*STAGES, "queue_len", "frame_age_ms"):
+        y = data.frame(col)[measured]
+        ok = np.isfinite(y)
+        if ok.sum() < 3:
+            continue
+        win = stats.window_reduce(t[ok], y[ok], window_s, t0=t0, t1=t1)
+        has = win.nonempty()
+        tr = stats.trend(win.t[has], win.median[has], alpha)
+        med = float(np.median(y[ok]))
+        slope = tr.slope * 60
+        rise = slope * span_min
+        floor = 0.5 if col == "queue_len" else max(1.0, 0.1 * med)
+        grew = tr.p < alpha and tr.z > 0 and rise > floor
+        out[col] = (grew, slope, med)
+    return out
+
+
+def recommended_fps(median_total_ms: float) -> tuple[float, float] | None:
+    """1000 / median total x (0.5, 0.7): the rate range to soak at."""
+    if not (median_total_ms > 0 and math.isfinite(median_total_ms)):
+        return None
+    base = 1000.0 / median_total_ms
+    return 0.5 * base, 0.7 * base
+
+
+def diagnose(data: RunData, verdict: object, crit: CriteriaSettings) -> list[str]:
+    """Hints for a judged run (``verdict`` is the soakd.analysis Verdict)."""
+    from soakd.analysis.verdict import Verdict, age_window_s
+
+    assert isinstance(verdict, Verdict)
+    hints: list[str] = []
+    t0, t1 = float(verdict.window["t0"]), float(verdict.window["t1"])
+    warm = data.frames["warmup"] > 0
+    measured = ~warm & (data.frames["skipped"] == 0) & (data.frames["t_capture"] >= t0)
+    if measured.sum() < 3:
+        return hints
+    g = stage_growth(data, measured, t0, t1, age_window_s(t1 - t0, data.meta.fps), crit.alpha)
+    hints += _stage_hints(g)
+    hints += _rate_hints(data, g, verdict)
+    hints += _jitter_hints(data, verdict, g)
+    hints += _memory_hints(data, verdict)
+    return hints
+
+
+def _grew(g: dict[str, tuple[bool, float, float]], col: str) -> bool:
+    return col in g and g[col][0]
+
+
+def _stage_hints(g: dict[str, tuple[bool, float, float]]) -> list[str]:
+    hints = []
+    if _grew(g, "grab_ms"):
+        hints.append(
+            f"grab time rose {g['grab_ms'][1]:.3g} ms/min: the run is capture-bound "
+            "(the source or its decoder slows down)"
+        )
+    if _grew(g, "total_ms") and not _grew(g, "infer_ms"):
+        culprits = [_NAMES[c] for c in ("pre_ms", "decode_ms") if _grew(g, c)]
+        where = " and ".join(culprits) if culprits else "preprocess or decode"
+        hints.append(
+            f"total time rose {g['total_ms'][1]:.3g} ms/min with infer flat: look at {where}"
+        )
+    elif _grew(g, "infer_ms"):
+        hints.append(
+            f"infer time rose {g['infer_ms'][1]:.3g} ms/min: the model itself slows "
+            "down (growing caches, throttling, fragmentation)"
+        )
+    return hints
+
+
+def _rate_hints(
+    data: RunData, g: dict[str, tuple[bool, float, float]], verdict: object
+) -> list[str]:
+    from soakd.analysis.verdict import Verdict
+
+    assert isinstance(verdict, Verdict)
+    if "total_ms" not in g:
+        return []
+    med_total = g["total_ms"][2]
+    rec = recommended_fps(med_total)
+    fps = data.meta.fps
+    queue_or_age = _grew(g, "queue_len") or _grew(g, "frame_age_ms")
+    drops = verdict.get("drops")
+    too_fast = fps is not None and fps > 0 and med_total > 1000.0 / fps
+    if rec and (
+        (queue_or_age and not _grew(g, "total_ms"))
+        or too_fast
+        or (drops is not None and drops.status == "fail")
+    ):
+        return [
+            f"the frame rate exceeds what this machine sustains (median total "
+            f"{med_total:.3g} ms per frame{f' at {fps:g} fps' if fps else ''}): soak at "
+            f"{rec[0]:.3g}-{rec[1]:.3g} fps (1000 / median total x 0.5-0.7)"
+        ]
+    return []
+
+
+def _near(ts: np.ndarray, events: np.ndarray, tol: float) -> float:
+    """Fraction of ``ts`` within ``tol`` seconds of one of ``events`` (sorted)."""
+    if ts.size == 0 or events.size == 0:
+        return 0.0
+    i = np.clip(np.searchsorted(events, ts), 1, events.size - 1) if events.size > 1 else None
+    if i is None:
+        return float(np.mean(np.abs(ts - events[0]) <= tol))
+    d = np.minimum(np.abs(ts - events[i - 1]), np.abs(ts - events[i]))
+    return float(np.mean(d <= tol))
+
+
+def _jitter_hints(
+    data: RunData, verdict: object, g: dict[str, tuple[bool, float, float]]
+) -> list[str]:
+    from soakd.analysis.verdict import Verdict
+
+    assert isinstance(verdict, Verdict)
+    j = verdict.get("jitter")
+    if j is None or j.status not in ("fail", "pass") or not j.evidence.get("tail_frames"):
+        return []
+    ev = j.evidence
+    hints = []
+    if ev.get("tail_periodic"):
+        hints.append(
+            f"long-tail {ev['source'].removesuffix('_ms')} frames recur every "
+            f"{ev['tail_period']} frames: periodic work (cache flush, garbage "
+            "collection, logging, a scheduled job)"
+        )
+    elif ev["tail_frames"] >= 4:
+        hints.append(
+            "long-tail frames fall at irregular positions: contention or memory "
+            "pressure more likely than periodic work"
+        )
+    if j.status == "fail":
+        others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
+        if others_flat and not ev.get("tail_periodic"):
+            hints.append(_pressure_or_contention(data, verdict, float(ev["tail_cut_ms"])))
+    return hints
+
+
+def _pressure_or_contention(data: RunData, verdict: object, cut: float) -> str:
+    from soakd.analysis.verdict import Verdict
+
+    assert isinstance(verdict, Verdict)
+    t = data.frames["t_capture"]
+    y = data.frame("infer_ms")
+    tail_t = t[np.isfinite(y) & (y > cut)]
+    drops: list[float] = []
+    for name in ("memory_rss", "memory_gpu", "memory_torch_reserved"):
+        c = verdict.get(name)
+        if c is not None and c.evidence.get("sawtooth", {}).get("drop_t"):
+            drops += c.evidence["sawtooth"]["drop_t"]
+    mem_fail = any(c.status == "fail" for c in verdict.criteria if c.criterion.startswith("memory"))
+    near = _near(tail_t, np.sort(np.asarray(drops)), 1.0) if drops else 0.0
+    if mem_fail or near >= 0.5:
+        return (
+            "infer spikes with the other stages flat, alongside memory growth or "
+            "allocator releases: memory pressure"
+        )
+    cpu = data.sample("cpu_pct")
+    util = data.sample("gpu_util_pct")
+    busy = []
+    if np.isfinite(cpu).any():
+        busy.append(f"CPU p95 {np.nanpercentile(cpu, 95):.0f} %")
+    if np.isfinite(util).any():
+        busy.append(f"GPU util p95 {np.nanpercentile(util, 95):.0f} %")
+    extra = f" ({', '.join(busy)})" if busy else ""
+    return (
+        "infer spikes with the other stages flat and memory steady: contention for the "
+        f"CPU or GPU{extra}"
+    )
+
+
+def _memory_hints(data: RunData, verdict: object) -> list[str]:
+    from soakd.analysis.verdict import Verdict
+
+    assert isinstance(verdict, Verdict)
+    hints = []
+    util = data.sample("gpu_util_pct")
+    st = data.samples["t"]
+    for c in verdict.criteria:
+        if not c.criterion.startswith("memory") or c.status not in ("pass", "fail"):
+            continue
+        saw = c.evidence.get("sawtooth", {})
+        n = int(saw.get("drops", 0))
+        if c.status == "fail" and n >= 2:
+            hints.append(
+                f"{c.title}: a leak under an allocator sawtooth ({n} sharp drops of "
+                f"~{saw.get('drop_mb_median', 0):.0f} MB) - the floor still rises "
+                f"{c.value:.3g} MB/min"
+            )
+        elif c.status == "fail":
+            hints.append(f"{c.title}: the floor rises {c.value:.3g} MB/min: a leak")
+        elif n >= 2:
+            dip = ""
+            if np.isfinite(util).sum() > 10 and saw.get("drop_t"):
+                at = np.asarray(saw["drop_t"])
+                near = _near(
+                    st[np.isfinite(util) & (util < np.nanmedian(util) * 0.5)], np.sort(at), 0.5
+                )
+                if near > 0:
+                    dip = " while GPU utilisation dips"
+            hints.append(
+                f"{c.title}: allocator sawtooth ({n} sharp drops of "
+                f"~{saw.get('drop_mb_median', 0):.0f} MB{dip}) returning to the "
+                "same floor: not a leak"
+            )
+    return hints

@@ -1,0 +1,641 @@
+"""Judging a run: ``judge(data, criteria, history) -> Verdict``.
+
+Pure: RunData and the ``[criteria]`` settings in, a Verdict out. docs/verdict.md explains
+every criterion, its default and why, and the INVALID / n/a rules. In short:
+
+* every statistic uses the post-warm-up window; frames skipped as stale are counted as
+  losses but never timed;
+* trend criteria (frame age, memory floors, drop rate) FAIL only when the Theil–Sen slope is
+  above the tolerance *and* the autocorrelation-corrected Mann–Kendall test is significant
+  at ``alpha``; each reports the smallest slope the run could have detected and warns when
+  the threshold is below it;
+* INVALID beats FAIL beats PASS; a criterion that cannot apply (no GPU) is ``n/a``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import stats
+from soakd.analysis.data import RunData
+from soakd.config import CriteriaSettings
+from soakd.errors import ExitCode
+
+MIB = float(1 << 20)
+DEFAULT_JITTER_K = 5.0  # used when jitter_k = "history" has too little history
+HISTORY_MARGIN = 1.25  # k from history = margin x the largest passing ratio
+MAX_WINDOWS = 400  # trend statistics never see more points than this
+MIN_WINDOWS = 12  # fewer memory-floor windows than this: the window is shortened
+AGE_MIN_WINDOW_S = 0.5
+
+PASS, FAIL, INVALID, NA = "pass", "fail", "invalid", "n/a"
+
+MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("memory_rss", "rss_bytes", "Process RSS"),
+    ("memory_gpu", "gpu_mem_used_bytes", "GPU memory used"),
+    ("memory_gpu_proc", "gpu_proc_mem_bytes", "This process's GPU memory"),
+    ("memory_torch_reserved", "torch_reserved_bytes", "Torch allocator reserved"),
+)
+
+
+@dataclass(slots=True)
+class CriterionResult:
+    """One judged criterion: a ``verdicts`` row."""
+
+    criterion: str
+    title: str
+    status: str  # pass | fail | invalid | n/a
+    value: float | None
+    threshold: float | None
+    unit: str
+    detail: str  # one line, plain language
+    evidence: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        ev = dict(self.evidence)
+        if self.warnings:
+            ev["warnings"] = list(self.warnings)
+        return {
+            "criterion": self.criterion,
+            "status": self.status,
+            "value": self.value,
+            "threshold": self.threshold,
+            "unit": self.unit,
+            "detail": self.detail,
+            "evidence": ev,
+        }
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The judgement of one run. ``status`` is PASS, FAIL or INVALID and ``exit_code`` the
+    matching ExitCode; ``series`` holds window aggregates for the plots (not stored)."""
+
+    run_id: str
+    status: str
+    exit_code: ExitCode
+    reason: str
+    criteria: list[CriterionResult]
+    hints: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    window: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, stats.Windows] = field(default_factory=dict)
+    trends: dict[str, stats.Trend] = field(default_factory=dict)
+
+    def get(self, criterion: str) -> CriterionResult | None:
+        return next((c for c in self.criteria if c.criterion == criterion), None)
+
+    @property
+    def failed(self) -> list[CriterionResult]:
+        return [c for c in self.criteria if c.status == FAIL]
+
+    @property
+    def invalid(self) -> list[CriterionResult]:
+        return [c for c in self.criteria if c.status == INVALID]
+
+
+@dataclass(slots=True)
+class _Ctx:
+    data: RunData
+    crit: CriteriaSettings
+    t0: float
+    t1: float
+    measured: np.ndarray  # bool mask of frames: post-warm-up, dispatched
+    post: np.ndarray  # bool mask: post-warm-up rows (dispatched or skipped)
+    series: dict[str, stats.Windows]
+    trends: dict[str, stats.Trend]
+
+    @property
+    def span(self) -> float:
+        return max(self.t1 - self.t0, 0.0)
+
+    def minutes(self) -> str:
+        m = self.span / 60
+        return f"{m:.0f}-minute" if m >= 2 else f"{self.span:.0f}-second"
+
+
+def _f(v: Any) -> float | None:
+    """A finite float or None."""
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def age_window_s(span: float, fps: float | None) -> float:
+    """Window for per-window medians of frame age / stage times: at least 0.5 s and 10 frames,
+    at most MAX_WINDOWS windows over the run."""
+    w = max(AGE_MIN_WINDOW_S, span / MAX_WINDOWS)
+    if fps and fps > 0:
+        w = max(w, 10.0 / fps)
+    return w
+
+
+def floor_window_s(span: float, configured: float) -> tuple[float, str | None]:
+    """Memory-floor window: the configured one (longer when the run would have more than
+    MAX_WINDOWS), shortened to span/MIN_WINDOWS for short runs, with a warning."""
+    w = max(configured, span / MAX_WINDOWS)
+    if span > 0 and span / w < MIN_WINDOWS:
+        short = span / MIN_WINDOWS
+        return short, (
+            f"floor window shortened from {configured:g} s to {short:.2g} s because the run "
+            f"is short; an allocator sawtooth slower than that can read as growth"
+        )
+    return w, None
+
+
+def _trend_fields(tr: stats.Trend, per: float) -> dict[str, Any]:
+    return {
+        "slope": tr.slope * per,
+        "p_value": tr.p,
+        "z": tr.z,
+        "n_windows": tr.n,
+        "n_effective": tr.n_eff,
+        "autocorr_inflation": tr.inflation,
+        "noise": tr.noise,
+        "min_detectable_slope": tr.mds * per,
+    }
+
+
+def _detectability(
+    ctx: _Ctx, tr: stats.Trend, per: float, threshold: float, what: str, unit: str
+) -> list[str]:
+    mds = tr.mds * per
+    if math.isfinite(mds) and threshold < mds:
+        return [
+            f"this {ctx.minutes()} run cannot see {what} under {mds:.3g} {unit} "
+            f"(threshold {threshold:g} {unit})"
+        ]
+    if not math.isfinite(mds):
+        return [f"too few windows to test {what} for a trend"]
+    return []
+
+
+# --------------------------------------------------------------------------- criteria
+
+
+def judge_run_validity(ctx: _Ctx) -> CriterionResult:
+    d, c = ctx.data, ctx.crit
+    n_meas = int(ctx.measured.sum())
+    dur = _f(d.meta.duration_s)
+    if dur is None:
+        t = d.frames["t_capture"]
+        dur = float(t.max()) if t.size else 0.0
+    ev = {
+        "status": d.meta.status,
+        "reason": d.meta.reason,
+        "duration_s": dur,
+        "measured_frames": n_meas,
+        "min_frames": c.min_frames,
+        "measured_window_s": [ctx.t0, ctx.t1],
+    }
+    problems = []
+    if d.meta.status != "completed":
+        why = f": {d.meta.reason}" if d.meta.reason else ""
+        problems.append(f"run {d.meta.status}{why}")
+    if dur < c.min_duration_s:
+        problems.append(
+            f"run lasted {dur:.3g} s, shorter than min_duration_s = {c.min_duration_s:g} s"
+        )
+    if n_meas < c.min_frames:
+        problems.append(f"{n_meas} post-warm-up frames, fewer than min_frames = {c.min_frames}")
+    status = INVALID if problems else PASS
+    detail = "; ".join(problems) if problems else (f"{dur:.4g} s, {n_meas} post-warm-up frames")
+    return CriterionResult(
+        "run", "Run is long and complete enough", status, dur, c.min_duration_s, "s", detail, ev
+    )
+
+
+def judge_drops(ctx: _Ctx) -> CriterionResult:
+    d, c = ctx.data, ctx.crit
+    title = "Drop growth"
+    post = ctx.post
+    if not post.any():
+        return CriterionResult(
+            "drops", title, INVALID, None, c.max_drop_fraction, "fraction", "no post-warm-up frames"
+        )
+    drop = np.nan_to_num(d.frame("drop_count"))
+    stale = np.nan_to_num(d.frame("stale_count"))
+    lost_cum = drop + stale
+    pre = ~post
+    base_drop = float(drop[pre].max()) if pre.any() else 0.0
+    base_stale = float(stale[pre].max()) if pre.any() else 0.0
+    n_drop = max(float(drop[post].max()) - base_drop, 0.0)
+    n_stale = max(float(stale[post].max()) - base_stale, 0.0)
+    rows = int(post.sum())
+    captured = rows + n_drop
+    frac = (n_drop + n_stale) / captured if captured else 0.0
+    # per-window loss rates
+    t = d.frames["t_capture"][post]
+    w = age_window_s(ctx.span, d.meta.fps)
+    lc = lost_cum[post]
+    dc = drop[post]
+    win = stats.window_reduce(t, lc, w, t0=ctx.t0, t1=ctx.t1, medians=False)
+    dwin = stats.window_reduce(t, dc, w, t0=ctx.t0, t1=ctx.t1, medians=False)
+    prev_lost = base_drop + base_stale
+    prev_drop = base_drop
+    rates = np.full(len(win.t), np.nan)
+    for i in range(len(win.t)):
+        if win.count[i] == 0:
+            continue
+        lost_i = win.max[i] - prev_lost
+        drop_i = dwin.max[i] - prev_drop
+        cap_i = win.count[i] + max(drop_i, 0.0)
+        rates[i] = max(lost_i, 0.0) / cap_i if cap_i else np.nan
+        prev_lost, prev_drop = win.max[i], dwin.max[i]
+    ctx.series["drop_rate"] = stats.Windows(win.t, win.count, rates, rates, rates, w)
+    tr = stats.trend(win.t, rates, c.alpha)
+    ctx.trends["drop_rate"] = tr
+    end_rate = tr.intercept + tr.slope * ctx.t1 if math.isfinite(tr.intercept) else None
+    accelerating = tr.z > 0 and tr.p < c.alpha and tr.slope > 0
+    ev: dict[str, Any] = {
+        "dropped": n_drop,
+        "stale": n_stale,
+        "captured": captured,
+        "dispatched_rows": rows,
+        "window_s": w,
+        "accelerating": accelerating,
+        "rate_at_end": end_rate,
+        "rate_trend": _trend_fields(tr, 60.0),
+    }
+    over_end = accelerating and end_rate is not None and end_rate > c.max_drop_fraction
+    status = FAIL if frac > c.max_drop_fraction or over_end else PASS
+    detail = (
+        f"{n_drop + n_stale:.0f} of {captured:.0f} frames lost "
+        f"({n_drop:.0f} dropped, {n_stale:.0f} stale)"
+    )
+    if accelerating:
+        detail += f"; drop rate rising, {end_rate:.1%} by the end" if end_rate else ""
+    return CriterionResult(
+        "drops", title, status, frac, c.max_drop_fraction, "fraction", detail, ev
+    )
+
+
+def _generator_intervals(d: RunData, t0: float) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk-to-chunk intervals of a generator run: the first emission of each chunk that
+    is not the first of its request, post-warm-up."""
+    e = d.emissions
+    if len(e["t_emit"]) == 0:
+        return np.empty(0), np.empty(0)
+    fid, chunk, idx = e["frame_id"], e["chunk"], e["idx"]
+    new_chunk = np.ones(len(fid), dtype=bool)
+    new_chunk[1:] = (fid[1:] != fid[:-1]) | (chunk[1:] != chunk[:-1])
+    keep = new_chunk & (idx > 0) & (e["t_emit"] >= t0) & np.isfinite(e["interval_ms"])
+    return e["t_emit"][keep], e["interval_ms"][keep]
+
+
+def judge_frame_age(ctx: _Ctx) -> CriterionResult:
+    d, c = ctx.data, ctx.crit
+    generator = d.meta.workload_kind == "generator"
+    if generator:
+        name, title, what = "interval", "Stable output interval", "interval growth"
+        t, y = _generator_intervals(d, ctx.t0)
+    else:
+        name, title, what = "frame_age", "Stable frame age", "frame-age growth"
+        # on the dispatch axis: a backlog's frames are dispatched (and aged) late
+        y = d.frame("frame_age_ms")[ctx.measured]
+        t = d.frames["t_capture"][ctx.measured] + y / 1000.0  # age = dispatch - capture
+    ok = np.isfinite(y)
+    thr = c.max_age_slope_ms_per_min
+    if not ok.any():
+        return CriterionResult(
+            name,
+            title,
+            INVALID,
+            None,
+            thr,
+            "ms/min",
+            f"no {'intervals' if generator else 'frame ages'} measured",
+        )
+    t, y = t[ok], y[ok]
+    w = age_window_s(ctx.span, d.meta.fps)
+    win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1)
+    ctx.series[name] = win
+    has = win.nonempty()
+    tr = stats.trend(win.t[has], win.median[has], c.alpha)
+    ctx.trends[name] = tr
+    p95 = float(np.percentile(y, 95))
+    med = float(np.median(y))
+    ev: dict[str, Any] = {
+        "median_ms": med,
+        "p95_ms": p95,
+        "max_ms": float(y.max()),
+        "window_s": w,
+        **_trend_fields(tr, 60.0),
+    }
+    if generator:
+        fe = d.frame("first_emit_ms")[ctx.measured]
+        fe = fe[np.isfinite(fe)]
+        if fe.size:
+            ev["first_emit_ms_median"] = float(np.median(fe))
+            ev["first_emit_ms_max"] = float(fe.max())
+    warnings = _detectability(ctx, tr, 60.0, thr, what, "ms/min")
+    slope = tr.slope * 60
+    rising = tr.rising(c.alpha, thr / 60)
+    problems = []
+    if rising:
+        problems.append(f"rising {slope:.3g} ms/min (p = {tr.p:.2g})")
+    if c.max_age_p95_ms is not None:
+        ev["max_age_p95_ms"] = c.max_age_p95_ms
+        if p95 > c.max_age_p95_ms:
+            problems.append(f"p95 {p95:.4g} ms over {c.max_age_p95_ms:g} ms")
+    status = FAIL if problems else PASS
+    detail = (
+        "; ".join(problems)
+        if problems
+        else (f"median {med:.4g} ms, slope {slope:+.3g} ms/min (p = {tr.p:.2g})")
+    )
+    return CriterionResult(name, title, status, slope, thr, "ms/min", detail, ev, warnings)
+
+
+def _sawtooth(t: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Sharp drops in a memory series: count, and their typical size in MiB."""
+    if y.size < 3:
+        return {"drops": 0}
+    dy = np.diff(y)
+    rng = float(np.nanmax(y) - np.nanmin(y))
+    if rng <= 0:
+        return {"drops": 0}
+    sharp = dy < -0.25 * rng
+    n = int(sharp.sum())
+    out: dict[str, Any] = {"drops": n}
+    if n:
+        out["drop_mb_median"] = float(np.median(-dy[sharp]) / MIB)
+        out["drop_t"] = [float(v) for v in t[1:][sharp][:50]]
+    return out
+
+
+def judge_memory(ctx: _Ctx) -> list[CriterionResult]:
+    d, c = ctx.data, ctx.crit
+    st = d.samples["t"]
+    post = st >= ctx.t0
+    thr = c.max_memory_growth_mb_per_min
+    w, short_note = floor_window_s(ctx.span, c.floor_window_s)
+    out: list[CriterionResult] = []
+    gpu_any = any(np.isfinite(d.sample(col)[post]).any() for _, col, _ in MEMORY_METRICS[1:])
+    for name, col, title in MEMORY_METRICS:
+        y = d.sample(col)[post]
+        t = st[post]
+        ok = np.isfinite(y)
+        if not ok.any():
+            out.append(_memory_missing(ctx, name, col, title, thr, gpu_any))
+            continue
+        t, y = t[ok], y[ok]
+        win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1, medians=False)
+        ctx.series[name] = win
+        has = win.nonempty()
+        tr = stats.trend(win.t[has], win.floor[has], c.alpha)
+        ctx.trends[name] = tr
+        per = 60.0 / MIB
+        slope = tr.slope * per
+        warnings = _detectability(ctx, tr, per, thr, "leaks", "MB/min")
+        if short_note:
+            warnings.insert(0, short_note)
+        floors = win.floor[has]
+        ev: dict[str, Any] = {
+            "floor_window_s": w,
+            "first_floor_mb": float(floors[0] / MIB),
+            "last_floor_mb": float(floors[-1] / MIB),
+            "peak_mb": float(y.max() / MIB),
+            "sawtooth": _sawtooth(t, y),
+            **_trend_fields(tr, per),
+        }
+        rising = tr.rising(c.alpha, thr / per)
+        status = FAIL if rising else PASS
+        detail = (
+            f"floor rising {slope:.3g} MB/min (p = {tr.p:.2g})"
+            if rising
+            else f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
+        )
+        out.append(CriterionResult(name, title, status, slope, thr, "MB/min", detail, ev, warnings))
+    out.append(judge_oom(ctx))
+    return out
+
+
+def _memory_missing(
+    ctx: _Ctx, name: str, col: str, title: str, thr: float, gpu_any: bool
+) -> CriterionResult:
+    d = ctx.data
+    if name == "memory_rss":
+        return CriterionResult(
+            name, title, INVALID, None, thr, "MB/min", "no RSS samples after warm-up"
+        )
+    if d.meta.is_cuda and not gpu_any:
+        return CriterionResult(
+            name,
+            title,
+            INVALID,
+            None,
+            thr,
+            "MB/min",
+            f"CUDA workload ({d.meta.device}) without GPU memory samples",
+        )
+    why = "GPU not present or not visible" if not gpu_any else f"{col} not reported here"
+    return CriterionResult(name, title, NA, None, thr, "MB/min", f"not applicable: {why}")
+
+
+def judge_oom(ctx: _Ctx) -> CriterionResult:
+    d = ctx.data
+    n_events = int(d.event_counts.get("oom", 0))
+    ooms = d.sample("torch_ooms")
+    ooms = ooms[np.isfinite(ooms)]
+    rise = float(ooms.max() - ooms.min()) if ooms.size else 0.0
+    n = max(n_events, int(rise))
+    status = FAIL if n > 0 else PASS
+    detail = (
+        f"{n_events} out-of-memory event(s), torch num_ooms rose by {rise:.0f}"
+        if n
+        else "no out-of-memory errors"
+    )
+    return CriterionResult(
+        "oom",
+        "No out-of-memory",
+        status,
+        float(n),
+        0.0,
+        "count",
+        detail,
+        {"oom_events": n_events, "torch_ooms_rise": rise},
+    )
+
+
+def _jitter_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray] | None:
+    d = ctx.data
+    ok = ctx.measured & (d.frame("has_error") == 0)
+    for col in ("infer_ms", "output_latency_ms"):
+        y = d.frame(col)[ok]
+        if np.isfinite(y).any():
+            fid = d.frames["frame_id"][ok]
+            keep = np.isfinite(y)
+            return col, y[keep], fid[keep]
+    if d.meta.workload_kind == "generator":
+        _, iv = _generator_intervals(d, ctx.t0)
+        if iv.size:
+            return "interval_ms", iv, np.arange(iv.size, dtype=np.float64)
+    return None
+
+
+def resolve_jitter_k(crit: CriteriaSettings, history: Sequence[float]) -> tuple[float, str]:
+    """The k to use and a note on where it came from."""
+    if crit.jitter_k != "history":
+        return float(crit.jitter_k), "configured"
+    hist = [h for h in history if math.isfinite(h) and h >= 1]
+    if len(hist) < crit.jitter_history_min_runs:
+        return DEFAULT_JITTER_K, (
+            f"history: only {len(hist)} earlier passing run(s) of this config on this host "
+            f"(need {crit.jitter_history_min_runs}); using the default k = {DEFAULT_JITTER_K:g}"
+        )
+    k = max(1.0, HISTORY_MARGIN * max(hist))
+    return k, (
+        f"history: {HISTORY_MARGIN:g} x the largest ratio ({max(hist):.3g}) of "
+        f"{len(hist)} earlier passing runs"
+    )
+
+
+def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
+    d, c = ctx.data, ctx.crit
+    k, k_note = resolve_jitter_k(c, history)
+    title = "Infer jitter"
+    src = _jitter_source(ctx)
+    if src is None:
+        if d.meta.workload_kind == "session":
+            return CriterionResult(
+                "jitter",
+                title,
+                NA,
+                None,
+                k,
+                "x median",
+                "not applicable: the session model hides its stages",
+            )
+        return CriterionResult(
+            "jitter", title, INVALID, None, k, "x median", "no infer timings after warm-up"
+        )
+    col, y, fid = src
+    med = float(np.median(y))
+    mx = float(y.max())
+    ratio = mx / med if med > 0 else (1.0 if mx == 0 else math.inf)
+    cut = stats.robust_tail_threshold(y)
+    tail_pos = fid[y > cut]
+    per = stats.tail_periodicity(tail_pos)
+    ev: dict[str, Any] = {
+        "source": col,
+        "median_ms": med,
+        "max_ms": mx,
+        "p99_ms": float(np.percentile(y, 99)),
+        "k": k,
+        "k_source": k_note,
+        "max_frame_id": float(fid[int(np.argmax(y))]),
+        "tail_cut_ms": cut,
+        "tail_frames": int(tail_pos.size),
+        "tail_periodic": per.regular,
+        "tail_period": per.period,
+        "tail_score": per.score,
+        "history_runs": len(history),
+    }
+    warnings = [k_note] if c.jitter_k == "history" and "default" in k_note else []
+    status = FAIL if ratio > k else PASS
+    detail = f"{col.removesuffix('_ms')} max {mx:.4g} ms = {ratio:.3g} x median {med:.4g} ms"
+    return CriterionResult(
+        "jitter",
+        title,
+        status,
+        ratio if math.isfinite(ratio) else None,
+        k,
+        "x median",
+        detail,
+        ev,
+        warnings,
+    )
+
+
+def judge_errors(ctx: _Ctx) -> CriterionResult:
+    d, c = ctx.data, ctx.crit
+    err = d.frame("has_error") > 0
+    n_post = int((err & ctx.post).sum())
+    n_warm = int((err & ~ctx.post).sum())
+    ev: dict[str, Any] = {
+        "errors": n_post,
+        "warmup_errors": n_warm,
+        "messages": [{"message": m, "count": n} for m, n in d.error_messages],
+    }
+    warnings = [f"{n_warm} error(s) during warm-up (not judged)"] if n_warm else []
+    status = FAIL if n_post > c.max_errors else PASS
+    detail = f"{n_post} frame(s) raised after warm-up"
+    if n_post and d.error_messages:
+        detail += f", e.g. {d.error_messages[0][0][:120]}"
+    return CriterionResult(
+        "errors",
+        "Errors",
+        status,
+        float(n_post),
+        float(c.max_errors),
+        "count",
+        detail,
+        ev,
+        warnings,
+    )
+
+
+# --------------------------------------------------------------------------- judge
+
+
+def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = ()) -> Verdict:
+    """Judge a run against ``criteria``. ``history``: jitter ratios (max/median) of earlier
+    passing runs of the same config on this host, newest first (used when
+    ``jitter_k = "history"``)."""
+    from soakd.analysis.diagnosis import diagnose
+
+    t = data.frames["t_capture"]
+    t0 = data.warmup_end()
+    t1 = float(t.max()) if t.size else t0
+    st = data.samples["t"]
+    if st.size:
+        t1 = max(t1, float(st.max()))
+    warm = data.frames["warmup"] > 0
+    post = ~warm & (t >= t0) if t.size else np.zeros(0, dtype=bool)
+    measured = post & (data.frames["skipped"] == 0)
+    ctx = _Ctx(data, criteria, t0, t1, measured, post, {}, {})
+    results = [
+        judge_run_validity(ctx),
+        judge_drops(ctx),
+        judge_frame_age(ctx),
+        *judge_memory(ctx),
+        judge_jitter(ctx, history),
+        judge_errors(ctx),
+    ]
+    status, code, reason = _overall(results)
+    warnings = [w for r in results for w in r.warnings]
+    v = Verdict(
+        data.meta.run_id,
+        status,
+        code,
+        reason,
+        results,
+        [],
+        warnings,
+        {"t0": t0, "t1": t1, "measured_frames": int(measured.sum())},
+        ctx.series,
+        ctx.trends,
+    )
+    v.hints = diagnose(data, v, criteria)
+    return v
+
+
+def _overall(results: Sequence[CriterionResult]) -> tuple[str, ExitCode, str]:
+    invalid = [r for r in results if r.status == INVALID]
+    failed = [r for r in results if r.status == FAIL]
+    if invalid:
+        return "INVALID", ExitCode.INVALID, "; ".join(f"{r.criterion}: {r.detail}" for r in invalid)
+    if failed:
+        return "FAIL", ExitCode.FAIL, "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
+    return "PASS", ExitCode.PASS, "every applicable criterion passed"

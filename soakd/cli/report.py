@@ -1,0 +1,107 @@
+"""``soakd report`` and ``soakd gate``: render a run's verdict, or exit with it.
+
+Both re-evaluate the run from its rows with the criteria stored in its config (the analysis
+is pure and deterministic, and jitter history only counts runs that started earlier), so a
+report always shows the plots and evidence behind the verdict. A run judged for the first
+time here (e.g. one that crashed before its verdict) gets its verdict stored.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from soakd.cli.common import DB_HELP, error, open_db
+
+if TYPE_CHECKING:
+    from soakd.analysis import RunData, Verdict
+
+FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/1), junit (CI), html (offline)."
+
+
+def _evaluate(
+    conn: sqlite3.Connection, run_id: str | None, latest: bool
+) -> tuple[RunData, Verdict]:
+    from soakd.analysis import evaluate, store
+    from soakd.store.rundata import RunNotFound, resolve_run_id
+
+    if run_id is None and not latest:
+        raise error("give a RUN_ID or --latest")
+    try:
+        rid = resolve_run_id(conn, run_id, latest=latest)
+    except RunNotFound as exc:
+        raise error(str(exc)) from None
+    data, verdict = evaluate(conn, rid)
+    stored = conn.execute("SELECT verdict FROM runs WHERE id = ?", (rid,)).fetchone()[0]
+    if stored is None and data.meta.status != "running":
+        store(conn, verdict)
+    elif stored is not None and stored != verdict.status:
+        verdict.warnings.insert(
+            0,
+            f"the verdict stored at the end of the run was {stored}; re-evaluated now: "
+            f"{verdict.status}",
+        )
+    return data, verdict
+
+
+def report_cmd(
+    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="The newest run.")] = False,
+    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "md",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
+    ] = None,
+    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+) -> None:
+    """Render a run's verdict as Markdown, JSON, JUnit XML or one offline HTML file.
+
+    Exit code 0 when the report was written (whatever the verdict; use `soakd gate` to exit
+    with the verdict), 2 for a usage error such as an unknown run."""
+    from soakd.report import FORMATS, render
+
+    if fmt not in FORMATS:
+        raise error(f"--format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if output is not None and not output.parent.exists():
+        raise error(f"{output}: folder {output.parent} does not exist")
+    conn = open_db(db)
+    try:
+        data, verdict = _evaluate(conn, run_id, latest)
+        text = render(fmt, data, verdict)
+    finally:
+        conn.close()
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise error(f"{output}: cannot write the report: {exc.strerror}") from None
+
+
+def gate_cmd(
+    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="The newest run.")] = False,
+    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+) -> None:
+    """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID
+    (2 usage error, 4 internal error). The release-gate step."""
+    from rich.console import Console
+
+    from soakd.analysis import format_verdict_table
+
+    conn = open_db(db)
+    try:
+        _, verdict = _evaluate(conn, run_id, latest)
+    finally:
+        conn.close()
+    Console().print(format_verdict_table(verdict))
+    raise typer.Exit(int(verdict.exit_code))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_cmd)
+    app.command("gate")(gate_cmd)

@@ -1,0 +1,256 @@
+"""One self-contained HTML report that opens offline: the verdict table, warnings and hints,
+then time-aligned panels drawn as inline SVG (no script, no CDN, no web font).
+
+Panels share one time axis (seconds since the run's start) with the warm-up shaded:
+stage latencies, frame age (or the generator's output interval), drop rate, process RSS,
+GPU memory and GPU utilisation. Memory panels draw the window floors the verdict judged,
+their Theil–Sen trend line and the tolerance line (the steepest allowed growth); error and
+OOM events are vertical markers.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+import numpy as np
+
+from soakd import __version__
+from soakd.analysis import stats
+from soakd.analysis.data import RunData
+from soakd.analysis.verdict import MIB, Verdict, age_window_s
+from soakd.report.svg import HLine, Series, Span, VLine, line_chart
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
+h1{font-size:22px} h2{font-size:16px;margin-top:28px}
+.PASS{color:#2ca02c}.FAIL{color:#d62728}.INVALID{color:#b8860b}
+table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:3px 6px}
+td.pass{color:#2ca02c;font-weight:bold} td.fail{color:#d62728;font-weight:bold}
+td.invalid{color:#b8860b;font-weight:bold} td.na{color:#999}
+.panel{margin:6px 0} .note{color:#555;font-size:13px}
+"""
+
+_PLOT_WINDOWS = 600
+
+
+def _trend_lines(
+    verdict: Verdict, name: str, t0: float, t1: float, scale: float, tolerance_per_s: float
+) -> list[Series]:
+    tr = verdict.trends.get(name)
+    if tr is None or not math.isfinite(tr.intercept) or tr.n < 3:
+        return []
+    xs = np.array([t0, t1])
+    fit = (tr.intercept + tr.slope * xs) / scale
+    start = fit[0]
+    tol = start + tolerance_per_s * (xs - t0) / scale
+    return [
+        Series(
+            f"trend {tr.slope * 60 / scale:+.3g}/min",
+            xs,
+            fit,
+            color="#000000",
+            dash="5 3",
+            width=1.2,
+        ),
+        Series("tolerance", xs, tol, color="#d62728", dash="2 3", width=1.2),
+    ]
+
+
+class _Panels:
+    def __init__(self, data: RunData, verdict: Verdict) -> None:
+        self.data, self.v = data, verdict
+        t = data.frames["t_capture"]
+        st = data.samples["t"]
+        hi = max(
+            [
+                float(t.max()) if t.size else 0.0,
+                float(st.max()) if st.size else 0.0,
+                float(data.meta.duration_s or 0.0),
+            ]
+        )
+        self.x_range = (0.0, max(hi, 1e-3))
+        self.t0 = float(verdict.window.get("t0", 0.0))
+        self.t1 = float(verdict.window.get("t1", hi))
+        self.spans = [Span(0.0, self.t0, "warm-up")] if self.t0 > 0 else []
+        self.vlines = [
+            VLine(
+                float(e["t"]),
+                f"{e['kind']}: {e.get('message') or ''}"[:200],
+                color="#d62728" if e["kind"] == "oom" else "#9467bd",
+            )
+            for e in data.events
+            if e.get("kind") in ("oom", "error", "stall", "abort") and e.get("t") is not None
+        ][:100]
+        self.pw = max(self.x_range[1] / _PLOT_WINDOWS, age_window_s(hi, None) / 4)
+
+    def chart(
+        self,
+        series: list[Series],
+        panel: str,
+        title: str,
+        y_label: str,
+        hlines: list[HLine] | None = None,
+        y_zero: bool = True,
+    ) -> str:
+        return line_chart(
+            series,
+            x_label="time since start (s)",
+            y_label=y_label,
+            title=title,
+            x_range=self.x_range,
+            spans=self.spans,
+            vlines=self.vlines,
+            hlines=hlines or [],
+            panel_id=panel,
+            y_zero=y_zero,
+        )
+
+    def stages(self) -> str:
+        t = self.data.frames["t_capture"]
+        ok = self.data.frames["skipped"] == 0
+        series = []
+        for col in ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms"):
+            y = self.data.frame(col)
+            w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0)
+            if w.t.size:
+                series.append(Series(col.removesuffix("_ms"), w.t, w.median))
+        y = self.data.frame("infer_ms")
+        w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0, medians=False)
+        if w.t.size:
+            series.append(Series("infer max", w.t, w.max, dash="3 2", width=1.0))
+        return self.chart(series, "stages", "Stage latencies (window medians)", "ms")
+
+    def age(self) -> str:
+        v, c = self.v, self.v.get("interval") or self.v.get("frame_age")
+        name = c.criterion if c else "frame_age"
+        title = "Output interval" if name == "interval" else "Frame age"
+        w = v.series.get(name)
+        series: list[Series] = []
+        if w is not None:
+            series += [
+                Series("window median", w.t, w.median),
+                Series("window max", w.t, w.max, dash="3 2", width=1.0),
+            ]
+        tol = (c.threshold or 0.0) / 60 if c else 0.0
+        series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol)
+        hl = []
+        if c and c.evidence.get("max_age_p95_ms"):
+            hl.append(HLine(float(c.evidence["max_age_p95_ms"]), "p95 limit"))
+        return self.chart(series, name, f"{title} (ms), trend and tolerance", "ms", hl)
+
+    def drops(self) -> str:
+        w = self.v.series.get("drop_rate")
+        c = self.v.get("drops")
+        series = [Series("loss rate per window", w.t, w.median * 100, kind="step")] if w else []
+        series += (
+            _trend_lines(self.v, "drop_rate", self.t0, self.t1, 0.01, 0.0)[:1]
+            if w is not None
+            else []
+        )
+        hl = [HLine(c.threshold * 100, "max_drop_fraction")] if c and c.threshold else []
+        t = self.data.frames["t_capture"]
+        cum = np.nan_to_num(self.data.frame("drop_count")) + np.nan_to_num(
+            self.data.frame("stale_count")
+        )
+        total = float(cum.max()) if cum.size else 0.0
+        return self.chart(
+            series,
+            "drops",
+            f"Dropped + stale frames, % per window ({total:.0f} in all, {t.size} rows)",
+            "%",
+            hl,
+        )
+
+    def memory(self, names: tuple[tuple[str, str], ...], panel: str, title: str) -> str:
+        st = self.data.samples["t"]
+        series: list[Series] = []
+        for crit, col in names:
+            y = self.data.sample(col)
+            if not np.isfinite(y).any():
+                continue
+            series.append(Series(col.removesuffix("_bytes"), st, y / MIB, width=1.0))
+            w = self.v.series.get(crit)
+            if w is not None:
+                series.append(
+                    Series(f"{col.removesuffix('_bytes')} floor", w.t, w.floor / MIB, kind="points")
+                )
+            c = self.v.get(crit)
+            tol = (c.threshold or 0.0) * MIB / 60 if c else 0.0
+            series += _trend_lines(self.v, crit, self.t0, self.t1, MIB, tol)
+        if not series:
+            return f'<p class="note" data-panel="{panel}">{escape(title)}: no data</p>'
+        return self.chart(series, panel, title, "MB", y_zero=False)
+
+    def util(self) -> str:
+        st = self.data.samples["t"]
+        series = []
+        for col in ("gpu_util_pct", "cpu_pct"):
+            y = self.data.sample(col)
+            if np.isfinite(y).any():
+                series.append(Series(col.removesuffix("_pct"), st, y, width=1.0))
+        if not series:
+            return '<p class="note" data-panel="util">Utilisation: no data</p>'
+        return self.chart(series, "util", "GPU / CPU utilisation (%)", "%")
+
+
+def render_html(data: RunData, verdict: Verdict) -> str:
+    """The whole report as one HTML document."""
+    m = data.meta
+    p = _Panels(data, verdict)
+    rows = []
+    for c in verdict.criteria:
+        cls = "na" if c.status == "n/a" else c.status
+        val = (
+            "–"
+            if c.value is None
+            else (f"{c.value:.2%}" if c.unit == "fraction" else f"{c.value:.4g}")
+        )
+        thr = (
+            "–"
+            if c.threshold is None
+            else (f"{c.threshold:.2%}" if c.unit == "fraction" else f"{c.threshold:.4g}")
+        )
+        rows.append(
+            f'<tr><td>{escape(c.criterion)}</td><td class="{cls}">'
+            f"{escape(c.status.upper())}</td><td>{val}</td><td>{thr}</td>"
+            f"<td>{escape(c.unit)}</td><td>{escape(c.detail)}</td></tr>"
+        )
+    notes = "".join(f"<li>warning: {escape(w)}</li>" for w in verdict.warnings)
+    notes += "".join(f"<li>hint: {escape(h)}</li>" for h in verdict.hints)
+    panels = [
+        p.stages(),
+        p.age(),
+        p.drops(),
+        p.memory((("memory_rss", "rss_bytes"),), "rss", "Process RSS (MB): floors, trend"),
+        p.memory(
+            (
+                ("memory_gpu", "gpu_mem_used_bytes"),
+                ("memory_gpu_proc", "gpu_proc_mem_bytes"),
+                ("memory_torch_reserved", "torch_reserved_bytes"),
+            ),
+            "gpu_mem",
+            "GPU memory (MB): floors, trend",
+        ),
+        p.util(),
+    ]
+    title = f"soakd {verdict.status}: run {m.run_id}"
+    head = (
+        f"{escape(m.workload_kind or '?')} on {escape(m.device or 'cpu')}, "
+        f"{m.duration_s or 0:.0f} s{f' at {m.fps:g} fps' if m.fps else ''}, "
+        f"{verdict.window.get('measured_frames', 0)} measured frames, started "
+        f"{escape(m.started_at or '?')} on {escape(m.host or '?')}"
+    )
+    reason = "" if verdict.status == "PASS" else f"<p><b>Reason:</b> {escape(verdict.reason)}</p>"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+        f'<h1>soakd verdict: <span class="{verdict.status}" id="verdict">'
+        f'{verdict.status}</span></h1><p class="note">{head}; exit code '
+        f"{int(verdict.exit_code)}</p>{reason}"
+        "<table><tr><th>criterion</th><th>status</th><th>value</th><th>threshold</th>"
+        f"<th>unit</th><th>detail</th></tr>{''.join(rows)}</table>"
+        f"<ul>{notes}</ul><h2>Timeline</h2>"
+        + "".join(f'<div class="panel">{s}</div>' for s in panels)
+        + f'<p class="note">generated by soakd {__version__}</p></body></html>\n'
+    )

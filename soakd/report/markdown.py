@@ -1,0 +1,47 @@
+"""The Markdown report: short enough for a pull-request comment."""
+
+from __future__ import annotations
+
+from soakd.analysis.data import RunData
+from soakd.analysis.verdict import Verdict
+
+_ICON = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "n/a": "➖"}
+_BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _num(v: float | None, unit: str) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.2%}" if unit == "fraction" else f"{v:.4g}"
+
+
+def render_markdown(data: RunData, verdict: Verdict) -> str:
+    """A heading with the verdict, the criteria table, then warnings and hints."""
+    m = data.meta
+    dur = f"{m.duration_s:.0f} s" if m.duration_s is not None else "?"
+    lines = [
+        f"## soakd verdict: {_BADGE.get(verdict.status, verdict.status)}",
+        "",
+        f"Run `{m.run_id}`{f' ({m.name})' if m.name else ''}: {m.workload_kind or '?'} "
+        f"workload on {m.device or 'cpu'}, {dur}"
+        f"{f' at {m.fps:g} fps' if m.fps else ''}, {verdict.window.get('measured_frames', 0)}"
+        f" measured frames, exit code {int(verdict.exit_code)}.",
+        "",
+    ]
+    if verdict.status != "PASS":
+        lines += [f"**Reason:** {_cell(verdict.reason)}", ""]
+    lines += ["| | criterion | value | threshold | unit | detail |", "|---|---|---:|---:|---|---|"]
+    for c in verdict.criteria:
+        lines.append(
+            f"| {_ICON.get(c.status, c.status)} | {c.criterion} | {_num(c.value, c.unit)} | "
+            f"{_num(c.threshold, c.unit)} | {c.unit} | {_cell(c.detail)} |"
+        )
+    if verdict.warnings:
+        lines += ["", "**Warnings**", ""] + [f"- {_cell(w)}" for w in verdict.warnings]
+    if verdict.hints:
+        lines += ["", "**Diagnosis**", ""] + [f"- {_cell(h)}" for h in verdict.hints]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,384 @@
+"""Small, dependency-free SVG plotting primitives for the offline HTML reports.
+
+Everything returns an ``<svg>`` string that needs no script, font download or stylesheet to
+render (colours are inline), so a report stays one self-contained file.
+
+``line_chart`` is the workhorse: several series on one x axis, with horizontal threshold
+lines, vertical markers and shaded spans. Long series are reduced to at most
+``max_points`` per series with min/max bucketing, so spikes survive and a 24-hour run draws
+as fast as a one-minute one. Points whose x or y is NaN break the line (no interpolation
+across gaps).
+
+Example::
+
+    from soakd.report.svg import Series, HLine, line_chart
+    svg = line_chart(
+        [Series("rss", t, rss_mb), Series("floor", wt, floors, dash="4 3")],
+        x_label="time (s)", y_label="MB", hlines=[HLine(1024, "limit")],
+    )
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+PALETTE: tuple[str, ...] = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+"""Default series colours, in order (colour-blind friendly 'tab10')."""
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series: ``x`` and ``y`` of equal length (NaN breaks the line).
+
+    ``kind`` is ``"line"`` (a polyline), ``"step"`` (held until the next point) or
+    ``"points"`` (a small mark per point, e.g. error frames).
+    """
+
+    name: str
+    x: ArrayLike
+    y: ArrayLike
+    color: str | None = None
+    dash: str | None = None  # SVG stroke-dasharray, e.g. "4 3"
+    width: float = 1.5
+    kind: Literal["line", "step", "points"] = "line"
+
+
+@dataclass(frozen=True, slots=True)
+class HLine:
+    """A horizontal reference line (a threshold) at ``y``."""
+
+    y: float
+    label: str = ""
+    color: str = "#d62728"
+    dash: str | None = "6 4"
+
+
+@dataclass(frozen=True, slots=True)
+class VLine:
+    """A vertical marker (warm-up end, an OOM, an error) at ``x``."""
+
+    x: float
+    label: str = ""
+    color: str = "#7f7f7f"
+    dash: str | None = "3 3"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A shaded x range (e.g. the warm-up window)."""
+
+    x0: float
+    x1: float
+    label: str = ""
+    color: str = "#000000"
+    opacity: float = 0.06
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About ``n`` round tick values (1, 2, 2.5, 5 x 10^k steps) covering [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return []
+    if hi < lo:
+        lo, hi = hi, lo
+    if hi == lo:
+        return [lo]
+    raw = (hi - lo) / max(n, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = mag * 10
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag:
+            step = m * mag
+            break
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    v = first
+    while v <= hi + step * 1e-9:
+        ticks.append(0.0 if abs(v) < step * 1e-9 else float(v))
+        v += step
+    return ticks
+
+
+def fmt_num(v: float) -> str:
+    """A short label for a tick value: ``1.5k``, ``20``, ``0.25``, ``3M``."""
+    a = abs(v)
+    if a >= 1e9:
+        return f"{v / 1e9:g}G"
+    if a >= 1e6:
+        return f"{v / 1e6:g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:g}k"
+    if a >= 100 or a == 0:
+        return f"{v:.0f}"
+    if a >= 1:
+        return f"{v:.3g}"
+    return f"{v:.2g}"
+
+
+def decimate(x: ArrayLike, y: ArrayLike, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reduce a series to at most about ``max_points`` points, keeping each bucket's min and
+    max (in time order) so spikes and floors stay visible. NaN points are kept as breaks."""
+    xa = np.asarray(x, dtype=np.float64)
+    ya = np.asarray(y, dtype=np.float64)
+    n = min(len(xa), len(ya))
+    xa, ya = xa[:n], ya[:n]
+    if n <= max_points or max_points < 4:
+        return xa, ya
+    buckets = max_points // 2
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    out_x: list[np.ndarray] = []
+    out_y: list[np.ndarray] = []
+    finite = np.isfinite(ya)
+    for a, b in itertools.pairwise(edges.tolist()):
+        if b <= a:
+            continue
+        seg = ya[a:b]
+        ok = finite[a:b]
+        if not ok.any():
+            out_x.append(xa[a : a + 1])
+            out_y.append(np.array([np.nan]))
+            continue
+        idx = np.flatnonzero(ok)
+        i_min = idx[np.argmin(seg[idx])]
+        i_max = idx[np.argmax(seg[idx])]
+        pick = np.unique(np.array([i_min, i_max])) + a
+        out_x.append(xa[pick])
+        out_y.append(ya[pick])
+    return np.concatenate(out_x), np.concatenate(out_y)
+
+
+class _Scale:
+    def __init__(self, lo: float, hi: float, p0: float, p1: float) -> None:
+        if hi == lo:
+            pad = abs(lo) * 0.05 or 1.0
+            lo, hi = lo - pad, hi + pad
+        self.lo, self.hi, self.p0, self.p1 = lo, hi, p0, p1
+        self.k = (p1 - p0) / (hi - lo)
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        return self.p0 + (v - self.lo) * self.k
+
+    def one(self, v: float) -> float:
+        return self.p0 + (v - self.lo) * self.k
+
+
+def _path_d(px: np.ndarray, py: np.ndarray, step: bool) -> str:
+    parts: list[str] = []
+    pen_down = False
+    for xv, yv in zip(px.tolist(), py.tolist(), strict=True):
+        if not (math.isfinite(xv) and math.isfinite(yv)):
+            pen_down = False
+            continue
+        if not pen_down:
+            parts.append(f"M{xv:.1f},{yv:.1f}")
+            pen_down = True
+        elif step:
+            parts.append(f"H{xv:.1f}V{yv:.1f}")
+        else:
+            parts.append(f"L{xv:.1f},{yv:.1f}")
+    return "".join(parts)
+
+
+def _data_range(arrays: Sequence[np.ndarray], extra: Sequence[float]) -> tuple[float, float]:
+    lo, hi = math.inf, -math.inf
+    for a in arrays:
+        f = a[np.isfinite(a)]
+        if f.size:
+            lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
+    for v in extra:
+        if math.isfinite(v):
+            lo, hi = min(lo, v), max(hi, v)
+    if not math.isfinite(lo):
+        return 0.0, 1.0
+    return lo, hi
+
+
+def line_chart(
+    series: Sequence[Series],
+    *,
+    x_label: str = "",
+    y_label: str = "",
+    title: str | None = None,
+    width: int = 900,
+    height: int = 220,
+    hlines: Sequence[HLine] = (),
+    vlines: Sequence[VLine] = (),
+    spans: Sequence[Span] = (),
+    x_range: tuple[float, float] | None = None,
+    y_range: tuple[float, float] | None = None,
+    y_zero: bool = False,
+    max_points: int = 2000,
+    panel_id: str | None = None,
+    legend: bool = True,
+) -> str:
+    """Render series as an inline ``<svg>`` line chart and return its markup.
+
+    ``x_range`` pins the x axis (pass the same range to several charts to time-align them);
+    ``y_range`` pins the y axis, ``y_zero`` includes 0 in it. ``panel_id`` becomes the
+    ``data-panel`` attribute (tests and scripts find panels by it). Each drawn series is a
+    ``<path class="series" data-series="NAME">``; a series with no finite point is listed in
+    the legend as "(no data)" and not drawn.
+    """
+    left, right, top, bottom = 64, 16, 26 if title else 12, 36
+    pw, ph = width - left - right, height - top - bottom
+    prepared: list[tuple[Series, np.ndarray, np.ndarray]] = []
+    for s in series:
+        xs, ys = decimate(s.x, s.y, max_points)
+        prepared.append((s, xs, ys))
+
+    if x_range is None:
+        x_lo, x_hi = _data_range([p[1] for p in prepared], [v.x for v in vlines])
+    else:
+        x_lo, x_hi = x_range
+    if y_range is None:
+        extra = [h.y for h in hlines] + ([0.0] if y_zero else [])
+        y_lo, y_hi = _data_range([p[2] for p in prepared], extra)
+        pad = (y_hi - y_lo) * 0.05
+        y_lo, y_hi = (y_lo if y_zero and y_lo == 0 else y_lo - pad), y_hi + pad
+    else:
+        y_lo, y_hi = y_range
+    sx = _Scale(x_lo, x_hi, left, left + pw)
+    sy = _Scale(y_lo, y_hi, top + ph, top)
+
+    attrs = f' data-panel="{escape(panel_id)}"' if panel_id else ""
+    label = escape(title or y_label or "chart")
+    out: list[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{label}"{attrs} font-family="sans-serif" font-size="11">',
+        f"<title>{label}</title>",
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#ffffff" stroke="#cccccc"/>',
+    ]
+    if title:
+        out.append(
+            f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>'
+        )
+    # clip data to the plot area
+    clip = f"clip-{panel_id or id(series)}"
+    out.append(
+        f'<clipPath id="{escape(clip)}"><rect x="{left}" y="{top}" width="{pw}" '
+        f'height="{ph}"/></clipPath>'
+    )
+    for sp in spans:
+        x0, x1 = sorted((sx.one(sp.x0), sx.one(sp.x1)))
+        x0, x1 = max(x0, left), min(x1, left + pw)
+        if x1 > x0:
+            out.append(
+                f'<rect class="span" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" '
+                f'height="{ph}" fill="{sp.color}" fill-opacity="{sp.opacity}">'
+                f"<title>{escape(sp.label)}</title></rect>"
+            )
+    out.extend(_axes(sx, sy, left, top, pw, ph, x_label, y_label))
+    out.append(f'<g clip-path="url(#{escape(clip)})">')
+    for i, (s, xs, ys) in enumerate(prepared):
+        color = s.color or PALETTE[i % len(PALETTE)]
+        out.append(_draw_series(s, sx(xs), sy(ys), color))
+    for h in hlines:
+        yy = sy.one(h.y)
+        dash = f' stroke-dasharray="{h.dash}"' if h.dash else ""
+        out.append(
+            f'<line class="hline" x1="{left}" x2="{left + pw}" y1="{yy:.1f}" '
+            f'y2="{yy:.1f}" stroke="{h.color}"{dash}/>'
+        )
+        if h.label:
+            out.append(
+                f'<text x="{left + pw - 4}" y="{yy - 3:.1f}" text-anchor="end" '
+                f'fill="{h.color}">{escape(h.label)}</text>'
+            )
+    for v in vlines:
+        xx = sx.one(v.x)
+        dash = f' stroke-dasharray="{v.dash}"' if v.dash else ""
+        out.append(
+            f'<line class="vline" x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" '
+            f'y2="{top + ph}" stroke="{v.color}"{dash}><title>{escape(v.label)}'
+            "</title></line>"
+        )
+    out.append("</g>")
+    if legend and series:
+        out.append(_legend(prepared, left, top))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _draw_series(s: Series, px: np.ndarray, py: np.ndarray, color: str) -> str:
+    name = escape(s.name)
+    if s.kind == "points":
+        ok = np.isfinite(px) & np.isfinite(py)
+        marks = "".join(
+            f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5"/>'
+            for a, b in zip(px[ok].tolist(), py[ok].tolist(), strict=True)
+        )
+        return f'<g class="series" data-series="{name}" fill="{color}">{marks}</g>'
+    d = _path_d(px, py, s.kind == "step")
+    if not d:
+        return ""
+    dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+    return (
+        f'<path class="series" data-series="{name}" d="{d}" fill="none" '
+        f'stroke="{color}" stroke-width="{s.width}"{dash} stroke-linejoin="round"/>'
+    )
+
+
+def _axes(
+    sx: _Scale, sy: _Scale, left: int, top: int, pw: int, ph: int, x_label: str, y_label: str
+) -> list[str]:
+    out = ['<g class="axes" fill="#444444" stroke="none">']
+    for t in nice_ticks(sx.lo, sx.hi, max(2, pw // 90)):
+        xx = sx.one(t)
+        out.append(
+            f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}" stroke="#eeeeee"/>'
+        )
+        out.append(
+            f'<text x="{xx:.1f}" y="{top + ph + 14}" text-anchor="middle">{fmt_num(t)}</text>'
+        )
+    for t in nice_ticks(sy.lo, sy.hi, max(2, ph // 40)):
+        yy = sy.one(t)
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eeeeee"/>'
+        )
+        out.append(f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{fmt_num(t)}</text>')
+    if x_label:
+        out.append(
+            f'<text x="{left + pw / 2:.0f}" y="{top + ph + 30}" text-anchor="middle">'
+            f"{escape(x_label)}</text>"
+        )
+    if y_label:
+        cy = top + ph / 2
+        out.append(
+            f'<text x="14" y="{cy:.0f}" text-anchor="middle" '
+            f'transform="rotate(-90 14 {cy:.0f})">{escape(y_label)}</text>'
+        )
+    out.append("</g>")
+    return out
+
+
+def _legend(prepared: Sequence[tuple[Series, np.ndarray, np.ndarray]], left: int, top: int) -> str:
+    out = ['<g class="legend">']
+    x = left + 8
+    for i, (s, _xs, ys) in enumerate(prepared):
+        color = s.color or PALETTE[i % len(PALETTE)]
+        empty = not np.isfinite(ys).any()
+        text = f"{s.name} (no data)" if empty else s.name
+        out.append(f'<rect x="{x}" y="{top + 6}" width="10" height="3" fill="{color}"/>')
+        out.append(f'<text x="{x + 14}" y="{top + 11}">{escape(text)}</text>')
+        x += 24 + 6 * len(text)
+    out.append("</g>")
+    return "".join(out)

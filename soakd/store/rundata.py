@@ -1,0 +1,320 @@
+"""The queries the analysis and the reports need: a run's columns as numpy arrays, the
+history of comparable runs, and storing a verdict.
+
+Columns are fetched in chunks straight into numpy (no Python object per row survives), so
+loading a 24-hour run at 30 fps (2.6 M frames) stays within a few hundred MB and seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+CHUNK_ROWS = 200_000
+
+
+class RunNotFound(LookupError):
+    """No such run (or no runs at all) in the database."""
+
+
+def _columns(
+    conn: sqlite3.Connection,
+    sql: str,
+    params: Sequence[Any],
+    names: Sequence[str],
+    n_rows: int,
+    dtypes: dict[str, Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run ``sql`` (selecting ``names`` in order, at most ``n_rows`` rows) into one
+    preallocated array per column (float64 unless ``dtypes`` says otherwise; NULL -> NaN),
+    CHUNK_ROWS rows at a time, so peak memory is the result plus one chunk."""
+    dtypes = dtypes or {}
+    out = {n: np.empty(n_rows, dtype=dtypes.get(n, np.float64)) for n in names}
+    cur = conn.cursor()
+    cur.row_factory = None
+    cur.execute(sql, tuple(params))
+    pos = 0
+    while pos < n_rows:
+        rows = cur.fetchmany(min(CHUNK_ROWS, n_rows - pos))
+        if not rows:
+            break
+        block = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+        for i, n in enumerate(names):
+            out[n][pos : pos + len(rows)] = block[:, i]
+        pos += len(rows)
+    cur.close()
+    return {n: a[:pos] for n, a in out.items()}
+
+
+def _count(conn: sqlite3.Connection, table: str, run_id: str) -> int:
+    return int(
+        conn.execute(f"SELECT count(*) FROM {table} WHERE run_id = ?", (run_id,)).fetchone()[0]
+    )
+
+
+FRAME_FIELDS: tuple[str, ...] = (
+    "frame_id",
+    "t_capture",
+    "warmup",
+    "skipped",
+    "has_error",
+    "grab_ms",
+    "pre_ms",
+    "infer_ms",
+    "decode_ms",
+    "total_ms",
+    "frame_age_ms",
+    "queue_len",
+    "drop_count",
+    "stale_count",
+    "first_emit_ms",
+    "output_latency_ms",
+)
+"""The frame columns RunData knows (``has_error``: the frame's workload raised)."""
+
+_MS32 = (
+    "grab_ms",
+    "pre_ms",
+    "infer_ms",
+    "decode_ms",
+    "total_ms",
+    "frame_age_ms",
+    "first_emit_ms",
+    "output_latency_ms",
+    "queue_len",
+)
+
+
+def load_frame_columns(
+    conn: sqlite3.Connection, run_id: str, extra: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """Every frame of the run ordered by frame_id: the core FRAME_FIELDS plus ``extra``
+    ones (``first_emit_ms``, ``output_latency_ms``). Millisecond columns are float32, the
+    three flags int8, times and counters float64."""
+    core = [f for f in FRAME_FIELDS[:14] if f not in ("warmup", "skipped", "has_error")]
+    names = [*core, "flags", *extra]
+    exprs = [*core, "warmup + 2 * skipped + 4 * (error IS NOT NULL)", *extra]
+    sql = f"SELECT {', '.join(exprs)} FROM frames WHERE run_id = ? ORDER BY frame_id"
+    cols = _columns(
+        conn,
+        sql,
+        (run_id,),
+        names,
+        _count(conn, "frames", run_id),
+        {n: np.float32 for n in _MS32} | {"flags": np.int8},
+    )
+    flags = cols.pop("flags")
+    cols["warmup"] = (flags & 1).astype(np.int8)
+    cols["skipped"] = ((flags >> 1) & 1).astype(np.int8)
+    cols["has_error"] = ((flags >> 2) & 1).astype(np.int8)
+    return cols
+
+
+SAMPLE_METRICS: tuple[str, ...] = (
+    "rss_bytes",
+    "cpu_pct",
+    "gpu_mem_used_bytes",
+    "gpu_mem_total_bytes",
+    "gpu_util_pct",
+    "gpu_proc_mem_bytes",
+    "torch_allocated_bytes",
+    "torch_reserved_bytes",
+    "torch_ooms",
+)
+
+
+def load_sample_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:
+    """The run's telemetry samples ordered by seq: ``t`` and SAMPLE_METRICS."""
+    names = ("t", *SAMPLE_METRICS)
+    sql = f"SELECT {', '.join(names)} FROM samples WHERE run_id = ? ORDER BY seq"
+    return _columns(conn, sql, (run_id,), names, _count(conn, "samples", run_id))
+
+
+EMISSION_FIELDS: tuple[str, ...] = ("frame_id", "idx", "t_emit", "interval_ms", "chunk")
+
+
+def load_emission_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:
+    """A generator run's emitted frames ordered by time."""
+    sql = (
+        f"SELECT {', '.join(EMISSION_FIELDS)} FROM emissions WHERE run_id = ? "
+        "ORDER BY t_emit, frame_id, idx"
+    )
+    return _columns(conn, sql, (run_id,), EMISSION_FIELDS, _count(conn, "emissions", run_id))
+
+
+def load_run_row(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+    """The ``runs`` row as a dict; raises RunNotFound."""
+    cur = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,))
+    row = cur.fetchone()
+    if row is None:
+        raise RunNotFound(f"no run {run_id!r} in this database")
+    names = [d[0] for d in cur.description]
+    return dict(zip(names, tuple(row), strict=True))
+
+
+def resolve_run_id(conn: sqlite3.Connection, run_id: str | None, *, latest: bool) -> str:
+    """An exact id, a unique id prefix, or (``latest``) the most recently started run."""
+    if latest or run_id is None:
+        row = conn.execute(
+            "SELECT id FROM runs ORDER BY started_unix DESC, rowid DESC LIMIT 1"
+        ).fetchone()
+        if row is None:
+            raise RunNotFound("no runs in this database")
+        return str(row[0])
+    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+        return run_id
+    rows = conn.execute(
+        "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' LIMIT 3",
+        (run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
+    ).fetchall()
+    if len(rows) == 1:
+        return str(rows[0][0])
+    if len(rows) > 1:
+        raise RunNotFound(f"run id prefix {run_id!r} is ambiguous")
+    raise RunNotFound(f"no run {run_id!r} in this database")
+
+
+def load_events(
+    conn: sqlite3.Connection, run_id: str, limit: int = 200
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The first ``limit`` events (t, kind, frame_id, message) and the count of each kind."""
+    rows = conn.execute(
+        "SELECT t, kind, frame_id, message FROM events WHERE run_id = ? ORDER BY t, id LIMIT ?",
+        (run_id, limit),
+    ).fetchall()
+    events = [{"t": r[0], "kind": r[1], "frame_id": r[2], "message": r[3]} for r in rows]
+    counts = {
+        str(r[0]): int(r[1])
+        for r in conn.execute(
+            "SELECT kind, count(*) FROM events WHERE run_id = ? GROUP BY kind", (run_id,)
+        )
+    }
+    return events, counts
+
+
+def load_error_messages(
+    conn: sqlite3.Connection, run_id: str, limit: int = 5
+) -> list[tuple[str, int]]:
+    """The most frequent error messages of the run's frames, with their counts."""
+    rows = conn.execute(
+        "SELECT error, count(*) AS n FROM frames WHERE run_id = ? AND error IS NOT NULL "
+        "GROUP BY error ORDER BY n DESC LIMIT ?",
+        (run_id, limit),
+    ).fetchall()
+    return [(str(r[0]), int(r[1])) for r in rows]
+
+
+def load_history(
+    conn: sqlite3.Connection,
+    *,
+    config_hash: str,
+    host: str | None,
+    before_unix: float,
+    criterion: str = "jitter",
+    limit: int = 20,
+) -> list[float]:
+    """Measured values of ``criterion`` in the last ``limit`` PASS runs with the same config
+    hash on the same host that started before ``before_unix`` (newest first)."""
+    rows = conn.execute(
+        "SELECT v.value FROM runs r JOIN verdicts v ON v.run_id = r.id "
+        "WHERE r.config_hash = ? AND r.host IS ? AND r.verdict = 'PASS' "
+        "AND r.started_unix < ? AND v.criterion = ? AND v.status = 'pass' "
+        "AND v.value IS NOT NULL ORDER BY r.started_unix DESC LIMIT ?",
+        (config_hash, host, before_unix, criterion, limit),
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def store_verdict(
+    conn: sqlite3.Connection,
+    run_id: str,
+    rows: Sequence[dict[str, Any]],
+    status: str,
+    exit_code: int,
+) -> None:
+    """Replace the run's verdict rows and set runs.verdict / runs.exit_code, atomically.
+
+    Each row has criterion, status, value, threshold, unit, detail and evidence (a JSON-able
+    dict)."""
+    params = [
+        (
+            run_id,
+            r["criterion"],
+            r["status"],
+            _num(r.get("value")),
+            _num(r.get("threshold")),
+            r.get("unit"),
+            r.get("detail"),
+            json.dumps(clean_json(r.get("evidence") or {}), separators=(",", ":"), allow_nan=False),
+        )
+        for r in rows
+    ]
+    in_tx = conn.in_transaction
+    if not in_tx:
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DELETE FROM verdicts WHERE run_id = ?", (run_id,))
+        conn.executemany(
+            "INSERT INTO verdicts (run_id, criterion, status, value, threshold, unit, detail, "
+            "evidence) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            params,
+        )
+        conn.execute(
+            "UPDATE runs SET verdict = ?, exit_code = ? WHERE id = ?", (status, exit_code, run_id)
+        )
+        if not in_tx:
+            conn.execute("COMMIT")
+    except BaseException:
+        if not in_tx:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def load_verdict_rows(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
+    """The stored verdict rows of a run (evidence decoded)."""
+    cur = conn.execute(
+        "SELECT criterion, status, value, threshold, unit, detail, evidence FROM verdicts "
+        "WHERE run_id = ?",
+        (run_id,),
+    )
+    out = []
+    for r in cur.fetchall():
+        d = dict(
+            zip(
+                ("criterion", "status", "value", "threshold", "unit", "detail", "evidence"),
+                tuple(r),
+                strict=True,
+            )
+        )
+        d["evidence"] = json.loads(d["evidence"]) if d["evidence"] else {}
+        out.append(d)
+    return out
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return f if np.isfinite(f) else None
+
+
+def clean_json(o: Any) -> Any:
+    """A JSON-safe copy: numpy scalars and arrays to Python, NaN/inf to None, unknown
+    objects to str."""
+    if isinstance(o, dict):
+        return {str(k): clean_json(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [clean_json(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return [clean_json(v) for v in o.tolist()]
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, bool) or o is None or isinstance(o, int | str):
+        return o
+    if isinstance(o, float):
+        return o if np.isfinite(o) else None
+    return str(o)

@@ -1,0 +1,469 @@
+"""The verdict: criteria 1-5, INVALID and n/a rules, history, diagnosis, storage, and
+end-to-end runs of the synthetic workload with planted truth."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from soakd.analysis import (
+    RunData,
+    RunMeta,
+    evaluate,
+    judge,
+    judge_run,
+    make_run_data,
+)
+from soakd.analysis.verdict import DEFAULT_JITTER_K, HISTORY_MARGIN, resolve_jitter_k
+from soakd.config import CriteriaSettings, Settings
+from soakd.errors import ExitCode
+from soakd.store import db as store
+
+MIB = float(1 << 20)
+
+
+def planted(
+    *,
+    dur: float = 600.0,
+    fps: float = 30.0,
+    warm: float = 5.0,
+    age: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    infer: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    rss: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    gpu: bool = False,
+    device: str = "cpu",
+    status: str = "completed",
+    seed: int = 0,
+    **frames: Any,
+) -> RunData:
+    """A run of ``dur`` seconds at ``fps`` with healthy noisy defaults and planted series."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, dur, 1 / fps)
+    n = t.size
+    cols: dict[str, Any] = {
+        "t_capture": t,
+        "warmup": (t < warm).astype(float),
+        "grab_ms": 1 + rng.exponential(0.1, n),
+        "pre_ms": 2 * np.exp(rng.normal(0, 0.05, n)),
+        "infer_ms": infer(t, rng) if infer else 20 * np.exp(rng.normal(0, 0.05, n)),
+        "decode_ms": 2 * np.exp(rng.normal(0, 0.05, n)),
+        "frame_age_ms": age(t, rng) if age else 3 + rng.gamma(2, 1.5, n),
+        "queue_len": np.zeros(n),
+    }
+    cols["total_ms"] = cols["grab_ms"] + cols["pre_ms"] + cols["infer_ms"] + cols["decode_ms"]
+    cols.update(frames)
+    st = np.arange(0, dur, 0.1)
+    base = 400 * MIB + rng.normal(0, 0.2 * MIB, st.size)
+    samples: dict[str, Any] = {
+        "t": st,
+        "rss_bytes": rss(st, rng) if rss else base,
+        "cpu_pct": 50 + rng.normal(0, 5, st.size),
+    }
+    if gpu:
+        samples["gpu_mem_used_bytes"] = 2000 * MIB + rng.normal(0, MIB, st.size)
+        samples["gpu_util_pct"] = 80 + rng.normal(0, 3, st.size)
+    meta = RunMeta(
+        "r", status=status, duration_s=dur, fps=fps, device=device, workload_kind="synthetic"
+    )
+    return make_run_data(meta, frames=cols, samples=samples)
+
+
+CRIT = CriteriaSettings()
+
+
+def statuses(v: Any) -> dict[str, str]:
+    return {c.criterion: c.status for c in v.criteria}
+
+
+def test_healthy_noisy_run_passes() -> None:
+    """Flat but noisy frame age, memory and infer times: PASS, exit code 0."""
+    v = judge(planted(), CRIT)
+    assert v.status == "PASS" and v.exit_code == ExitCode.PASS
+    assert statuses(v)["memory_gpu"] == "n/a"
+
+
+def test_autocorrelated_flat_age_passes() -> None:
+    """Frame age wandering as AR(1) noise around a flat level does not fail."""
+
+    def ar(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        e = np.zeros(t.size)
+        for i in range(1, t.size):
+            e[i] = 0.995 * e[i - 1] + rng.normal(0, 0.5)
+        return 20 + e
+
+    v = judge(planted(age=ar), CRIT)
+    assert statuses(v)["frame_age"] == "pass"
+
+
+def test_slow_frame_age_creep_fails() -> None:
+    """Frame age rising 100 ms/min under noise fails frame_age with the slope as value."""
+    v = judge(planted(age=lambda t, r: 20 + t / 60 * 100 + r.normal(0, 10, t.size)), CRIT)
+    c = v.get("frame_age")
+    assert v.status == "FAIL" and c is not None and c.status == "fail"
+    assert c.value is not None and 80 < c.value < 120
+
+
+def test_creep_below_tolerance_passes() -> None:
+    """A significant but small age trend (10 ms/min < 50) passes."""
+    v = judge(planted(age=lambda t, r: 20 + t / 60 * 10 + r.normal(0, 1, t.size)), CRIT)
+    c = v.get("frame_age")
+    assert c is not None and c.status == "pass" and c.evidence["p_value"] < 0.01
+
+
+def test_age_p95_ceiling_fails_when_set() -> None:
+    """max_age_p95_ms fails a flat run whose p95 frame age is above it."""
+    crit = CriteriaSettings(max_age_p95_ms=5.0)
+    v = judge(planted(), crit)
+    assert statuses(v)["frame_age"] == "fail"
+
+
+def _saw(period: float, amp_mb: float, leak_mb_min: float) -> Callable[..., np.ndarray]:
+    def f(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return (
+            400 * MIB
+            + amp_mb * MIB * ((t % period) / period)
+            + leak_mb_min * MIB * t / 60
+            + rng.normal(0, 0.1 * MIB, t.size)
+        )
+
+    return f
+
+
+def test_sawtooth_without_leak_passes() -> None:
+    """A 300 MB allocator sawtooth returning to the same floor passes memory."""
+    v = judge(planted(rss=_saw(7.0, 300, 0.0)), CRIT)
+    c = v.get("memory_rss")
+    assert c is not None and c.status == "pass"
+    assert c.evidence["sawtooth"]["drops"] > 10
+    assert any("sawtooth" in h and "not a leak" in h for h in v.hints)
+
+
+def test_leak_under_sawtooth_fails() -> None:
+    """A 10 MB/min leak under a 300 MB sawtooth lifts the floor: memory_rss fails."""
+    v = judge(planted(rss=_saw(7.0, 300, 10.0)), CRIT)
+    c = v.get("memory_rss")
+    assert v.status == "FAIL" and c is not None and c.status == "fail"
+    assert c.value is not None and 8 < c.value < 12
+    assert any("leak under an allocator sawtooth" in h for h in v.hints)
+
+
+def test_gpu_memory_judged_when_present_and_invalid_when_cuda_lacks_it() -> None:
+    """GPU samples make memory_gpu applicable; a CUDA workload without them is INVALID."""
+    assert statuses(judge(planted(gpu=True), CRIT))["memory_gpu"] == "pass"
+    v = judge(planted(device="cuda:0"), CRIT)
+    assert v.status == "INVALID" and statuses(v)["memory_gpu"] == "invalid"
+    assert "without GPU" in v.reason
+
+
+def test_oom_event_fails() -> None:
+    """An out-of-memory event fails the oom criterion."""
+    d = planted()
+    d.events.append({"t": 100.0, "kind": "oom", "message": "CUDA out of memory"})
+    d.event_counts["oom"] = 1
+    v = judge(d, CRIT)
+    assert statuses(v)["oom"] == "fail" and v.status == "FAIL"
+
+
+def test_periodic_spikes_fail_jitter_and_are_called_periodic() -> None:
+    """An 8x infer spike every 50th frame fails jitter; the hint names the period."""
+
+    def spikes(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        y = 20 * np.exp(rng.normal(0, 0.05, t.size))
+        y[7::50] *= 8
+        return y
+
+    v = judge(planted(infer=spikes), CRIT)
+    c = v.get("jitter")
+    assert c is not None and c.status == "fail" and c.value is not None and c.value > 5
+    assert c.evidence["tail_periodic"] and c.evidence["tail_period"] == 50
+    assert any("every 50 frames" in h for h in v.hints)
+
+
+def test_random_spikes_are_called_irregular() -> None:
+    """Spikes at random frames fail jitter and are not called periodic."""
+
+    def spikes(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        y = 20 * np.exp(rng.normal(0, 0.05, t.size))
+        y[rng.choice(t.size, 40, replace=False)] *= 8
+        return y
+
+    v = judge(planted(infer=spikes), CRIT)
+    c = v.get("jitter")
+    assert c is not None and c.status == "fail" and not c.evidence["tail_periodic"]
+
+
+def test_errors_fail_and_warmup_errors_do_not() -> None:
+    """Frames that raised after warm-up fail errors; those during warm-up only warn."""
+    n = 600 * 30
+    err = np.zeros(n)
+    err[10] = 1  # warm-up
+    v = judge(planted(has_error=err), CRIT)
+    assert statuses(v)["errors"] == "pass" and v.get("errors").warnings  # type: ignore[union-attr]
+    err[5000] = 1
+    v = judge(planted(has_error=err), CRIT)
+    assert statuses(v)["errors"] == "fail" and v.get("errors").value == 1  # type: ignore[union-attr]
+
+
+def test_drops_fraction_fails() -> None:
+    """10 % of captured frames dropped fails drops with the fraction as value."""
+    n = 600 * 30
+    drops = np.floor(np.arange(n) / 9)  # one drop per 9 rows -> 10 % of captured
+    v = judge(planted(drop_count=drops), CRIT)
+    c = v.get("drops")
+    assert c is not None and c.status == "fail" and c.value is not None
+    assert 0.08 < c.value < 0.12
+
+
+def test_accelerating_drops_fail_before_the_total_does() -> None:
+    """A drop rate rising to 12 % by the end fails even with ~6 % lost in all... or less."""
+    n = 600 * 30
+    t = np.arange(n) / 30
+    rate = 0.12 * (t / 600) ** 3  # accelerating; overall fraction ~3 %
+    drops = np.floor(np.cumsum(rate / (1 - rate)))
+    v = judge(planted(drop_count=drops), CRIT)
+    c = v.get("drops")
+    assert c is not None and c.value is not None and c.value < CRIT.max_drop_fraction
+    assert c.evidence["accelerating"] and c.status == "fail"
+
+
+def test_too_short_run_is_invalid() -> None:
+    """A run shorter than min_duration_s is INVALID with the reason, exit code 3."""
+    v = judge(planted(dur=6.0, warm=1.0), CRIT)
+    assert v.status == "INVALID" and v.exit_code == ExitCode.INVALID
+    assert "shorter than min_duration_s" in v.reason
+
+
+def test_aborted_run_is_invalid_even_when_criteria_pass() -> None:
+    """An aborted run is INVALID, naming the abort reason."""
+    d = planted(status="aborted")
+    d.meta.reason = "stalled: no frame finished for 60 s"
+    v = judge(d, CRIT)
+    assert v.status == "INVALID" and "stalled" in v.reason
+
+
+def test_too_few_frames_is_invalid() -> None:
+    """Fewer post-warm-up frames than min_frames is INVALID."""
+    v = judge(planted(dur=30.0, fps=0.5), CriteriaSettings(min_frames=20))
+    assert v.status == "INVALID" and "min_frames" in v.reason
+
+
+def test_short_run_warns_it_cannot_see_small_leaks() -> None:
+    """A noisy 2-minute run reports the smallest detectable leak and warns when the
+    threshold is below it."""
+    v = judge(
+        planted(dur=120.0, rss=lambda t, r: 400 * MIB + r.normal(0, 20 * MIB, t.size)),
+        CriteriaSettings(max_memory_growth_mb_per_min=0.5),
+    )
+    c = v.get("memory_rss")
+    assert c is not None and c.evidence["min_detectable_slope"] > 0.5
+    assert any("cannot see leaks under" in w for w in v.warnings)
+
+
+def test_jitter_history_rule() -> None:
+    """k = "history": margin x the largest passing ratio with enough runs, else the default."""
+    crit = CriteriaSettings(jitter_k="history", jitter_history_min_runs=3)
+    k, note = resolve_jitter_k(crit, [1.5, 2.0])
+    assert k == DEFAULT_JITTER_K and "default" in note
+    k, _ = resolve_jitter_k(crit, [1.5, 2.0, 1.8])
+    assert k == pytest.approx(HISTORY_MARGIN * 2.0)
+    v = judge(planted(), crit, [1.1, 1.1, 1.1])
+    c = v.get("jitter")
+    assert c is not None and c.threshold == pytest.approx(HISTORY_MARGIN * 1.1)
+
+
+def test_fps_too_high_hint_recommends_a_rate() -> None:
+    """Frame age and queue rising with total flat: the hint recommends 0.5-0.7 x 1000/total."""
+    d = planted(age=lambda t, r: 20 + t * 2 + r.normal(0, 1, t.size))
+    d.frames["queue_len"] = np.minimum(d.frames["t_capture"] / 60, 8.0)
+    v = judge(d, CRIT)
+    assert any("soak at" in h and "fps" in h for h in v.hints)
+
+
+def test_judge_survives_an_empty_run() -> None:
+    """A run with no frames and no samples is INVALID, not an exception."""
+    v = judge(make_run_data(RunMeta("empty", duration_s=0.0)), CRIT)
+    assert v.status == "INVALID"
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def _insert_run(
+    conn: sqlite3.Connection,
+    rid: str,
+    started: float,
+    *,
+    host: str = "h",
+    config_hash: str = "abc",
+    criteria: dict[str, Any] | None = None,
+) -> None:
+    import json
+
+    cfg = {"criteria": criteria or {}, "workload": {"kind": "synthetic"}, "run": {"warmup_s": 1.0}}
+    conn.execute(
+        "INSERT INTO runs (id, status, started_at, started_unix, host, workload_kind, fps, "
+        "config, config_hash, duration_s) VALUES (?, 'completed', '2026', ?, ?, 'synthetic', "
+        "10, ?, ?, 20)",
+        (rid, started, host, json.dumps(cfg), config_hash),
+    )
+    rng = np.random.default_rng(int(started))
+    rows = [
+        (rid, i, i / 10, i / 10, int(i < 10), float(20 * np.exp(rng.normal(0, 0.05))), 3.0)
+        for i in range(200)
+    ]
+    conn.executemany(
+        "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, warmup, infer_ms, "
+        "frame_age_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    conn.executemany(
+        "INSERT INTO samples (run_id, seq, t, wall, rss_bytes) VALUES (?, ?, ?, 0, ?)",
+        [(rid, i, i / 10, 400 << 20) for i in range(200)],
+    )
+
+
+def test_verdict_is_stored_and_history_feeds_the_next_run(db_path: Path) -> None:
+    """judge_run stores one verdicts row per criterion and runs.verdict; later runs with
+    jitter_k = "history" draw k from earlier passing runs of the same config and host."""
+    conn = store.connect(db_path)
+    for i in range(3):
+        _insert_run(conn, f"old{i}", 1000.0 + i)
+        judge_run(conn, f"old{i}")
+    rows = conn.execute("SELECT criterion, status FROM verdicts WHERE run_id = 'old0'").fetchall()
+    assert {r[0] for r in rows} >= {
+        "run",
+        "drops",
+        "frame_age",
+        "memory_rss",
+        "jitter",
+        "errors",
+        "oom",
+    }
+    assert conn.execute("SELECT verdict, exit_code FROM runs WHERE id='old0'").fetchone()[:] == (
+        "PASS",
+        0,
+    )
+    _insert_run(conn, "other-host", 1500.0, host="elsewhere")
+    judge_run(conn, "other-host")
+    _insert_run(conn, "new", 2000.0, criteria={"jitter_k": "history"})
+    _, v = evaluate(conn, "new")
+    c = v.get("jitter")
+    assert c is not None and c.evidence["history_runs"] == 3
+    ratios = [
+        r[0]
+        for r in conn.execute(
+            "SELECT value FROM verdicts WHERE criterion='jitter' AND run_id LIKE 'old%'"
+        )
+    ]
+    assert c.threshold == pytest.approx(HISTORY_MARGIN * max(ratios))
+    conn.close()
+
+
+# --------------------------------------------------------------------------- end to end
+
+E2E = (
+    "run.duration=14",
+    "run.fps=25",
+    "run.warmup_s=2",
+    "criteria.min_duration_s=10",
+    "criteria.min_frames=50",
+    "criteria.floor_window_s=1",
+    "run.sample_interval_ms=100",
+    "workload.pre_ms=1",
+    "workload.infer_ms=10",
+    "workload.decode_ms=1",
+    "workload.jitter=0.05",
+)
+
+
+def _run(synthetic: Callable[..., Settings], *extra: str) -> Any:
+    from soakd.runner import run_soak
+
+    res = run_soak(synthetic(*E2E, *extra))
+    assert res.verdict is not None, res.summary.get("verdict_error")
+    return res
+
+
+@pytest.mark.slow
+def test_e2e_healthy_with_noise_passes(synthetic: Callable[..., Settings]) -> None:
+    """A healthy synthetic run with jitter passes and exits 0."""
+    res = _run(synthetic, "workload.jitter=0.1")
+    assert res.verdict.status == "PASS", res.verdict.reason
+    assert res.exit_code == 0
+
+
+@pytest.mark.slow
+def test_e2e_leak_fails_memory(synthetic: Callable[..., Settings]) -> None:
+    """A real 120 MB/min RSS leak fails memory_rss."""
+    res = _run(synthetic, "workload.leak_mb_per_min=120")
+    assert res.verdict.status == "FAIL"
+    assert res.verdict.get("memory_rss").status == "fail"
+    assert res.exit_code == ExitCode.FAIL
+
+
+@pytest.mark.slow
+def test_e2e_sawtooth_without_leak_passes(synthetic: Callable[..., Settings]) -> None:
+    """A real 40 MB sawtooth with a 0.5 s period and no leak passes memory."""
+    res = _run(synthetic, "workload.sawtooth_mb=40", "workload.sawtooth_period_s=0.5")
+    assert res.verdict.get("memory_rss").status == "pass", res.verdict.reason
+
+
+@pytest.mark.slow
+def test_e2e_leak_under_sawtooth_fails(synthetic: Callable[..., Settings]) -> None:
+    """A 120 MB/min leak under a 40 MB sawtooth still fails memory_rss."""
+    res = _run(
+        synthetic,
+        "workload.sawtooth_mb=40",
+        "workload.sawtooth_period_s=0.5",
+        "workload.leak_mb_per_min=120",
+    )
+    assert res.verdict.get("memory_rss").status == "fail", res.verdict.reason
+
+
+@pytest.mark.slow
+def test_e2e_slowing_workload_oldest_fails_frame_age(synthetic: Callable[..., Settings]) -> None:
+    """A workload slowing 600 ms/min with consume = "oldest" and a deep queue fails age."""
+    res = _run(
+        synthetic,
+        "run.consume='oldest'",
+        "run.max_queue=1000",
+        "run.fps=20",
+        "workload.infer_ms=40",
+        "workload.drift_ms_per_min=600",
+    )
+    assert res.verdict.get("frame_age").status == "fail", res.verdict.reason
+    assert res.verdict.status == "FAIL"
+
+
+@pytest.mark.slow
+def test_e2e_workload_slower_than_rate_fails_drops(synthetic: Callable[..., Settings]) -> None:
+    """A 60 ms workload at 25 fps drops frames: drops fails, the hint recommends a rate."""
+    res = _run(synthetic, "workload.infer_ms=60")
+    assert res.verdict.get("drops").status == "fail"
+    assert any("soak at" in h for h in res.verdict.hints)
+
+
+@pytest.mark.slow
+def test_e2e_periodic_spikes_fail_jitter(synthetic: Callable[..., Settings]) -> None:
+    """A 100 ms spike every 20th frame fails jitter."""
+    res = _run(synthetic, "workload.spike_every=20", "workload.spike_ms=100")
+    assert res.verdict.get("jitter").status == "fail", res.verdict.reason
+
+
+@pytest.mark.slow
+def test_e2e_errors_fail_errors(synthetic: Callable[..., Settings]) -> None:
+    """A workload raising every 30th frame fails errors."""
+    res = _run(synthetic, "workload.error_every=30")
+    assert res.verdict.get("errors").status == "fail"
+
+
+@pytest.mark.slow
+def test_e2e_too_short_run_is_invalid(synthetic: Callable[..., Settings]) -> None:
+    """A 4 s run with min_duration_s = 10 is INVALID and exits 3."""
+    res = _run(synthetic, "run.duration=4")
+    assert res.verdict.status == "INVALID" and res.exit_code == ExitCode.INVALID
