@@ -13,6 +13,7 @@ workload is that old.
 from __future__ import annotations
 
 import math
+import mmap
 import threading
 import time
 from typing import Any, Literal
@@ -24,17 +25,22 @@ from soakd.records import Frame, StageOutput
 from soakd.workloads.base import WorkloadContext
 
 _MB = 1 << 20
-_CHUNK = _MB  # memory is held in 1 MiB arrays: large enough to be mmapped and freed to the OS
+_CHUNK = _MB  # memory is held in 1 MiB anonymous mappings
+_PAGE = mmap.PAGESIZE
 
 
 class SyntheticError(RuntimeError):
     """The planted error of ``error_every``."""
 
 
-def _touched(nbytes: int) -> np.ndarray:
-    a = np.empty(nbytes, dtype=np.uint8)
-    a[::4096] = 1  # touch every page so it counts in RSS
-    return a
+def _touched(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of anonymous memory with every page touched, so it counts in RSS. An
+    anonymous mapping is returned to the OS the moment it is dropped (munmap), which a
+    malloc'd buffer is not: glibc raises its mmap threshold after the first large free and
+    then keeps freed memory in the heap, which would flatten a planted sawtooth."""
+    m = mmap.mmap(-1, nbytes)
+    m[::_PAGE] = b"\x01" * len(range(0, nbytes, _PAGE))
+    return m
 
 
 class Synthetic:
@@ -45,9 +51,9 @@ class Synthetic:
         self._rng = np.random.default_rng(settings.seed)
         self._n = 0
         self._t0: float | None = None
-        self._leak: list[np.ndarray] = []
+        self._leak: list[mmap.mmap] = []
         self._leaked = 0
-        self._saw: list[np.ndarray] = []
+        self._saw: list[mmap.mmap] = []
         self._closed = threading.Event()
         sigma = settings.jitter
         # lognormal with mean 1: exp(N(-sigma^2/2, sigma))
