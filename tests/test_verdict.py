@@ -284,6 +284,17 @@ def test_fps_too_high_hint_recommends_a_rate() -> None:
     assert any("soak at" in h and "fps" in h for h in v.hints)
 
 
+def test_drops_from_a_long_tail_are_not_blamed_on_the_rate() -> None:
+    """Drops at a rate inside 0.5-0.7 x 1000/median total are attributed to the long tail,
+    and no lower frame rate is recommended (25 ms frames at 20 fps)."""
+    n = 600 * 20
+    drops = np.floor(np.arange(n) / 9)
+    v = judge(planted(fps=20, drop_count=drops), CRIT)
+    assert v.get("drops") is not None and v.get("drops").status == "fail"  # type: ignore[union-attr]
+    assert not any("soak at" in h for h in v.hints)
+    assert any("long-tail frames" in h for h in v.hints)
+
+
 def test_judge_survives_an_empty_run() -> None:
     """A run with no frames and no samples is INVALID, not an exception."""
     v = judge(make_run_data(RunMeta("empty", duration_s=0.0)), CRIT)
