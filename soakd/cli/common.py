@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from soakd.errors import ExitCode, SoakdError
 from soakd.store import db as store
@@ -41,3 +42,9 @@ def open_db(db: Path | None) -> sqlite3.Connection:
         raise error(str(exc), exc.exit_code) from None
     except store.StoreError as exc:
         raise error(str(exc)) from None
+
+
+def console() -> Console:
+    """stdout console: the terminal's width on a terminal; 160 columns in logs and CI, where
+    rich's 80-column default would wrap every table row into many lines."""
+    return Console() if sys.stdout.isatty() else Console(width=160)

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from soakd.cli.common import DB_HELP, error, open_db
+from soakd.cli.common import DB_HELP, console, error, open_db
 from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
 from soakd.logs import configure_logging
@@ -226,7 +226,6 @@ def baseline_list_cmd(
         for r in rows:
             print(json.dumps(r))
         return
-    from rich.console import Console
     from rich.table import Table
 
     t = Table()
@@ -242,7 +241,7 @@ def baseline_list_cmd(
             r["workload_kind"] or "-",
             r["started_at"] or "-",
         )
-    Console().print(t)
+    console().print(t)
 
 
 def register(app: typer.Typer) -> None:

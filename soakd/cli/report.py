@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from soakd.cli.common import DB_HELP, error, open_db
+from soakd.cli.common import DB_HELP, console, error, open_db
 
 if TYPE_CHECKING:
     from soakd.analysis import RunData, Verdict
@@ -89,7 +89,6 @@ def gate_cmd(
 ) -> None:
     """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID
     (2 usage error, 4 internal error). The release-gate step."""
-    from rich.console import Console
 
     from soakd.analysis import format_verdict_table
 
@@ -98,7 +97,7 @@ def gate_cmd(
         _, verdict = _evaluate(conn, run_id, latest)
     finally:
         conn.close()
-    Console().print(format_verdict_table(verdict))
+    console().print(format_verdict_table(verdict))
     raise typer.Exit(int(verdict.exit_code))
 
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from soakd.cli.common import DB_HELP, error, open_db
+from soakd.cli.common import DB_HELP, console, error, open_db
 from soakd.config import ConfigError, load_settings, parse_duration
 from soakd.display import LiveDisplay, fmt_bytes, summary_table
 from soakd.errors import ExitCode, SoakdError
@@ -108,7 +108,7 @@ def run_cmd(
 def execute_run(settings: Any, *, live: bool) -> int:
     from soakd.runner import Run
 
-    console = Console()
+    con = console()
     observers = _observers(settings, live=live, log_every=settings.run.log_every)
     stop = threading.Event()
     try:
@@ -131,7 +131,7 @@ def execute_run(settings: Any, *, live: bool) -> int:
         if handlers is not None:
             handlers.restore()
     try:
-        _print_end(console, settings, result)
+        _print_end(con, settings, result)
     except Exception as exc:  # the run is stored; only the summary print failed
         print(f"soakd: warning: cannot print the run summary: {exc}", file=sys.stderr)
     if result.exit_code == ExitCode.INTERNAL:
@@ -142,15 +142,15 @@ def execute_run(settings: Any, *, live: bool) -> int:
     return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)
 
 
-def _print_end(console: Console, settings: Any, result: Any) -> None:
+def _print_end(con: Console, settings: Any, result: Any) -> None:
     from soakd.store import db as store
 
     conn = store.connect(settings.resolved_db())
     try:
         run = queries.get_run(conn, result.run_id)
-        console.print(summary_table(run, queries.stage_stats(conn, result.run_id)))
+        con.print(summary_table(run, queries.stage_stats(conn, result.run_id)))
         s = result.summary
-        console.print(
+        con.print(
             f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
             f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
             f"achieved {s.get('achieved_fps')} fps over {s.get('duration_s')} s"
@@ -162,9 +162,9 @@ def _print_end(console: Console, settings: Any, result: Any) -> None:
         try:
             from soakd.analysis import format_verdict_table
 
-            console.print(format_verdict_table(result.verdict))
+            con.print(format_verdict_table(result.verdict))
         except ImportError:
-            console.print(f"verdict: {result.verdict.status}")
+            con.print(f"verdict: {result.verdict.status}")
 
 
 def runs_cmd(
@@ -211,7 +211,7 @@ def runs_cmd(
             str(r["drops"] or 0),
             str(r["errors"]),
         )
-    Console().print(t)
+    console().print(t)
 
 
 def show_cmd(
@@ -236,22 +236,22 @@ def show_cmd(
     if as_json:
         print(json.dumps({"run": run, "stages": stages, "events": evs[:50]}, default=str, indent=2))
         return
-    console = Console()
-    console.print(summary_table(run, stages))
+    con = console()
+    con.print(summary_table(run, stages))
     s = run.get("summary") or {}
-    console.print(
+    con.print(
         f"workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
         f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
         + (f", reason: {run['reason']}" if run.get("reason") else "")
     )
     if s:
-        console.print(
+        con.print(
             f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
             f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
             f"peak RSS {fmt_bytes(queries.peak(conn, rid, 'rss_bytes'))}"
         )
     for e in evs[:20]:
-        console.print(f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}")
+        con.print(f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}")
 
 
 def register(app: typer.Typer) -> None:
