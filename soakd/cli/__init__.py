@@ -26,29 +26,26 @@ _COMMAND_MODULES = (
 )
 
 for _name in _COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(_name)
-    except ModuleNotFoundError as _exc:  # a command group not written yet
-        if _exc.name != _name:
-            raise
-        continue
-    _mod.register(app)
+    importlib.import_module(_name).register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code. Usage errors (unknown option, bad value, unknown
+    command) are printed by typer with the usage line and exit 2."""
     try:
-        rv = app(args=argv, standalone_mode=False)
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except SystemExit as exc:  # pragma: no cover - click raises this for --help in some versions
-        return int(exc.code or 0)
-    except Exception as exc:
-        import click
+        app(args=argv, prog_name="soakd")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug in soakd: the traceback helps, the exit code is API
+        import traceback
 
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show(file=sys.stderr)
-            return 2
-        if isinstance(exc, click.exceptions.Abort):
-            return 130
-        raise
-    return int(rv or 0)
+        traceback.print_exc()
+        print(f"soakd: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 4
+    return 0
