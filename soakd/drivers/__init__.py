@@ -91,8 +91,11 @@ class DriverContext:
 
 
 def get_driver(shape: str) -> Callable[[DriverContext], None]:
-    modules = {"staged": "soakd.drivers.staged", "session": "soakd.drivers.session",
-               "generator": "soakd.drivers.generator"}
+    modules = {
+        "staged": "soakd.drivers.staged",
+        "session": "soakd.drivers.session",
+        "generator": "soakd.drivers.generator",
+    }
     if shape not in modules:
         raise ValueError(f"unknown workload shape {shape!r}")
     import importlib
