@@ -44,3 +44,41 @@ class OomEvery:
 
 def oom_every(options: dict[str, Any], ctx: WorkloadContext) -> OomEvery:
     return OomEvery(int(options.get("every", 5)))
+
+
+class SlowingGenerator:
+    """A generator whose gap between chunks grows with elapsed time (a streaming model that
+    slows down): 4 chunks of 2 frames per request, gap = base + slope * elapsed."""
+
+    shape: Literal["generator"] = "generator"
+
+    def __init__(self, base_ms: float, slope_ms_per_s: float) -> None:
+        self.base_ms = base_ms
+        self.slope = slope_ms_per_s
+        self.t0: float | None = None
+
+    def setup(self) -> None:
+        import time
+
+        self.t0 = time.perf_counter()
+
+    def generate(self, frame: Frame, emit: Any) -> Any:
+        import time
+
+        from soakd.workloads.base import GeneratorTimings
+
+        assert self.t0 is not None
+        for _ in range(4):
+            gap = self.base_ms + self.slope * (time.perf_counter() - self.t0)
+            time.sleep(gap / 1000)
+            emit(2)
+        return GeneratorTimings(infer_ms=None)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "slowing-generator", "base_ms": self.base_ms, "slope": self.slope}
+
+    def close(self) -> None: ...
+
+
+def slowing_generator(options: dict[str, Any], ctx: WorkloadContext) -> SlowingGenerator:
+    return SlowingGenerator(float(options.get("base_ms", 5)), float(options.get("slope", 0)))

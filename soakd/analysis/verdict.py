@@ -317,7 +317,10 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
             f"no {'intervals' if generator else 'frame ages'} measured",
         )
     t, y = t[ok], y[ok]
-    w = age_window_s(ctx.span, d.meta.fps)
+    # windows hold ~10 values: of frames for frame age, of intervals for a generator (many
+    # intervals per request, so the request rate would make the windows far too long)
+    rate = y.size / ctx.span if generator and ctx.span > 0 else d.meta.fps
+    w = age_window_s(ctx.span, rate)
     win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1)
     ctx.series[name] = win
     has = win.nonempty()
