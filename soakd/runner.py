@@ -19,7 +19,6 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -39,10 +38,6 @@ from soakd.workloads.base import WorkloadContext, WorkloadError
 log = structlog.get_logger("soakd.runner")
 
 STAGES = ("grab", "pre", "infer", "decode", "total")
-
-
-class RunAborted(SoakdError):
-    exit_code = ExitCode.INVALID
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -456,7 +451,17 @@ class Run:
         if pacer is not None:
             pacer.start()
         driver.start()
-        stalled = self._monitor(dctx, t0_ns, pacer)
+        try:
+            stalled = self._monitor(dctx, t0_ns, pacer)
+        except KeyboardInterrupt:  # library use without signal handlers: Ctrl-C ends cleanly
+            self.request_stop("signal SIGINT")
+            stalled = False
+        except BaseException as exc:  # a bug in the monitor: close the run, then re-raise
+            self.request_stop(
+                f"internal error: {type(exc).__name__}: {exc}", exit_hint=ExitCode.INTERNAL
+            )
+            self.log.exception("monitor crashed")
+            stalled = False
 
         # --- shut down in reverse order
         self.obs.on_stopping(self._state.reason or "completed")
@@ -680,7 +685,3 @@ def run_soak(
         clock=clock,
         judge=judge,
     ).execute()
-
-
-def db_path_for(settings: Settings) -> Path:
-    return settings.resolved_db()

@@ -343,3 +343,23 @@ def test_ctrl_c_stops_cleanly_with_everything_stored(
     ((status, reason, verdict),) = q(db, "SELECT status, reason, verdict FROM runs")
     assert status == "aborted" and reason == "signal SIGINT" and verdict == "INVALID"
     assert q(db, "SELECT count(*) FROM frames")[0][0] >= 20
+
+
+def test_keyboard_interrupt_in_library_use_ends_the_run_cleanly(
+    synthetic: Callable[..., Settings], db_path: Path
+) -> None:
+    """run_soak called from a script without signal handlers: Ctrl-C (SIGINT raising
+    KeyboardInterrupt in the main thread) still closes the run as aborted, rows stored."""
+    import os
+
+    from soakd.observer import Observer
+
+    class InterruptWhenReady(Observer):
+        def on_ready(self) -> None:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    res = run_soak(synthetic("run.duration=30"), observers=[InterruptWhenReady()], judge=False)
+    assert (res.status, res.reason) == ("aborted", "signal SIGINT")
+    assert res.duration_s < 10
+    assert q(db_path, "SELECT status FROM runs") == [("aborted",)]
+    assert q(db_path, "SELECT count(*) FROM frames")[0][0] > 0
