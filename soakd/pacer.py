@@ -92,6 +92,7 @@ class Pacer:
                     image=image,
                     audio=self._audio_chunk(done),
                     source_ts=source_ts,
+                    stream_ns=deadline - self.t0_ns,
                 )
                 self.queue.put(frame)
                 self.captured += 1

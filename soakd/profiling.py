@@ -84,6 +84,8 @@ class ProfileResult:
     load_s: float | None
     stream: StreamStats | None = None
     notes: list[str] = field(default_factory=list)
+    vision_tokens: float | None = None  # median media tokens per request (they set the cost)
+    audio_tokens: float | None = None
 
     @property
     def fps_flag(self) -> str | None:
@@ -160,13 +162,18 @@ def _peak_gpu(peaks: Mapping[str, int | None]) -> int | None:
     return max(vals) if vals else None
 
 
+def _median(x: np.ndarray) -> float | None:
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else None
+
+
 def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     """Build the profile of a stored run (any mode: the first frame is set apart, every
     other dispatched frame counts)."""
     run = q.get_run(conn, run_id)
     if run is None:
         raise ValueError(f"{run_id}: no such run")
-    cols = (*tuple(f"{s}_ms" for s in STAGES), "out_tokens")
+    cols = (*tuple(f"{s}_ms" for s in STAGES), "out_tokens", "vision_tokens", "audio_tokens")
     vals = q.frame_values(conn, run_id, cols, profile=True)
     stages = {s: _stat(vals[f"{s}_ms"]) for s in STAGES}
     first = q.first_frame(conn, run_id) or {}
@@ -197,6 +204,8 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
         sample_output=run.summary.get("sample_output"),
         held_fixed=held_fixed(run.config),
         load_s=run.summary.get("load_s", run.workload.get("load_s")),
+        vision_tokens=_median(vals["vision_tokens"]),
+        audio_tokens=_median(vals["audio_tokens"]),
     )
     if run.workload_kind == "generator":
         result.stream = _stream(conn, run_id, first)
@@ -302,6 +311,13 @@ def render_markdown(r: ProfileResult) -> str:
         lines.append(f"- workload load time: {r.load_s:.2f} s")
     if r.out_tokens is not None:
         lines.append(f"- output tokens per frame (median): {r.out_tokens:g}")
+    if r.vision_tokens is not None or r.audio_tokens is not None:
+        media = ", ".join(
+            f"{name} {v:g}"
+            for name, v in (("vision", r.vision_tokens), ("audio", r.audio_tokens))
+            if v is not None
+        )
+        lines.append(f"- media tokens per request (median): {media}")
     if r.sample_output is not None:
         text = r.sample_output.replace("\n", " ")[:200]
         lines.append(f"- sample output: {text!r}")

@@ -21,7 +21,8 @@ class Frame:
 
     ``t_sched_ns`` is the absolute deadline the pacer aimed at, ``t_capture_ns`` when the
     source returned the image, ``grab_ns`` how long the source call took. ``audio`` is the
-    chunk of audio that arrived with this frame (AV workloads), or None.
+    chunk of audio that arrived with this frame (AV workloads), or None. ``stream_ns`` is
+    the frame's position on the stream's clock.
     """
 
     id: int
@@ -31,6 +32,9 @@ class Frame:
     image: np.ndarray
     audio: np.ndarray | None = None
     source_ts: float | None = None  # position in the source (s), e.g. the video timestamp
+    # the stream's own clock (ns since the run's start): the deadline in a paced run; in an
+    # unpaced profile, k / fps, so windows over stream time see the stream at the target rate
+    stream_ns: int = 0
 
 
 @dataclass(slots=True)

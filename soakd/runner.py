@@ -398,9 +398,14 @@ class Run:
                 audio_rate=s.audio.sample_rate if audio is not None else None,
             )
         else:
-            counter = iter(range(1 << 62))
+            period_ns = round(1e9 / s.run.fps)
+            rate = s.audio.sample_rate if audio is not None else 0
+            k = 0
 
             def grab() -> Frame:
+                # back to back: stream time advances one frame period per frame, and each
+                # frame brings the audio the stream produces in that period
+                nonlocal k
                 t = clock.now_ns()
                 try:
                     image, ts = source.read()
@@ -410,9 +415,13 @@ class Run:
                 done = clock.now_ns()
                 chunk = None
                 if audio is not None:
-                    n = max(1, int(s.audio.sample_rate * (done - t) / 1e9))
-                    chunk = audio.read(n)
-                return Frame(next(counter), t, done, done - t, image, chunk, ts)
+                    n = (k + 1) * rate * period_ns // 1_000_000_000 - k * rate * period_ns // (
+                        1_000_000_000
+                    )
+                    chunk = audio.read(int(n))
+                frame = Frame(k, t, done, done - t, image, chunk, ts, stream_ns=k * period_ns)
+                k += 1
+                return frame
 
         counters = Counters(last_done_ns=t0_ns)
         dctx = DriverContext(

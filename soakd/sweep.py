@@ -134,6 +134,14 @@ def apply_override(settings: Settings, key: str, value: Any) -> Settings:
 # --- the sweep
 
 
+def _tok(v: float | None) -> str:
+    return "–" if v is None else f"{v:g}"
+
+
+def _media(p: SweepPoint) -> str:
+    return f" {_tok(p.vision_tokens)} | {_tok(p.audio_tokens)} |"
+
+
 @dataclass
 class SweepPoint:
     value: Any
@@ -149,6 +157,8 @@ class SweepPoint:
     peak_rss_bytes: int | None = None
     peak_gpu_mem_bytes: int | None = None
     out_tokens: float | None = None
+    vision_tokens: float | None = None  # media tokens per request (median), where reported
+    audio_tokens: float | None = None
     sample_output: str | None = None
     age_p95_ms: float | None = None  # paced points (run.fps sweeps)
     drop_fraction: float | None = None  # paced points: (drops + stale) / captured
@@ -232,6 +242,8 @@ def _point(value: Any, prof: ProfileResult) -> SweepPoint:
         peak_rss_bytes=prof.peak_rss_bytes,
         peak_gpu_mem_bytes=prof.peak_gpu_mem_bytes,
         out_tokens=prof.out_tokens,
+        vision_tokens=prof.vision_tokens,
+        audio_tokens=prof.audio_tokens,
         sample_output=prof.sample_output,
         profile=prof,
     )
@@ -393,9 +405,11 @@ def render_markdown(r: SweepResult) -> str:
         f"## soakd sweep `{r.key}` ({len(r.values)} values, {r.frames} frames each, {how})",
         "",
     ]
+    media = any(p.vision_tokens is not None or p.audio_tokens is not None for p in r.points)
     head = (
         "| value | status | pre p50 | pre max | infer p50 | infer max | total p50 |"
         + (" age p95 | drops |" if r.paced else "")
+        + (" vision tokens | audio tokens |" if media else "")
         + " peak RSS MB | peak GPU MB | out tokens | sample output |"
     )
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -410,7 +424,8 @@ def render_markdown(r: SweepResult) -> str:
         lines.append(
             f"| {p.value}{mark} | ok | {_ms(p.pre_median_ms)} | {_ms(p.pre_max_ms)} | "
             f"{_ms(p.infer_median_ms)} | {_ms(p.infer_max_ms)} | {_ms(p.total_median_ms)} |"
-            f"{age} {_mb(p.peak_rss_bytes)} | {_mb(p.peak_gpu_mem_bytes)} | "
+            f"{age}{_media(p) if media else ''} {_mb(p.peak_rss_bytes)} | "
+            f"{_mb(p.peak_gpu_mem_bytes)} | "
             f"{'–' if p.out_tokens is None else f'{p.out_tokens:g}'} | "
             f"{_cell(p.sample_output)} |"
         )

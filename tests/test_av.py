@@ -42,6 +42,7 @@ def _feed(w: AvStaged, n: int, audio_per_frame: int = RATE // FPS) -> StageOutpu
             grab_ns=0,
             image=img,
             audio=audio,
+            stream_ns=i * 1_000_000_000 // FPS,
         )
         out = w.decode(w.infer(w.preprocess(f)))
     return out
@@ -161,3 +162,26 @@ def test_av_run_through_the_runner_records_media_tokens(cache: Path, tmp_path: P
     rows = sqlite3.connect(db).execute("SELECT out_tokens, vision_tokens, audio_tokens FROM frames")
     for out_tokens, vision, audio in rows.fetchall():
         assert out_tokens == 8 and vision > 0 and audio > 0
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_sweep_over_video_fps_reports_media_tokens_and_time(cache: Path, tmp_path: Path) -> None:
+    """`sweep --vary workload.video_fps=1,2,4` on the AV default: frames back to back still
+    see the stream at run.fps, so vision tokens grow with video_fps; each point has times."""
+    from soakd.config import load_settings
+    from soakd.sweep import sweep
+
+    settings = load_settings(
+        "configs/av-qa.toml",
+        overrides=[f'run.db="{tmp_path / "sw.db"}"', f'workload.cache_dir="{cache}"'],
+    )
+    res = sweep(settings, "workload.video_fps", [1, 2, 4], frames=10)
+    pts = [p for p in res.points if p.status == "ok"]
+    assert len(pts) == 3
+    vision = [p.vision_tokens for p in pts]
+    assert all(v is not None for v in vision)
+    assert vision[0] < vision[1] < vision[2]  # type: ignore[operator]
+    assert all(p.audio_tokens and p.total_median_ms and p.total_median_ms > 0 for p in pts)
+    md = res.to_markdown()
+    assert "vision tokens" in md and "audio tokens" in md

@@ -25,6 +25,8 @@ _FRAME_VALUE_COLUMNS = frozenset(
         "frame_age_ms",
         "e2e_ms",
         "out_tokens",
+        "vision_tokens",
+        "audio_tokens",
         "first_emit_ms",
         "emitted",
         "lateness_ms",

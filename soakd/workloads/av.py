@@ -247,7 +247,7 @@ class AvStaged:
 
     def preprocess(self, frame: Frame) -> Any:
         rgb = resize_short_side(bgr_to_rgb(frame.image), self.s.short_side)
-        self.window.add_frame(rgb, frame.t_capture_ns)
+        self.window.add_frame(rgb, frame.stream_ns)
         self.window.add_audio(frame.audio)
         audio = self.window.audio() if self.rate else None
         return self._call_processor(list(self.window.frames), audio)
