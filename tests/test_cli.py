@@ -101,3 +101,42 @@ def test_show_unknown_run_is_a_usage_error(
         soakd_cmd("show", "nope", "--db", str(db)), capture_output=True, text=True, timeout=60
     )
     assert p.returncode == 2 and "no run 'nope'" in p.stderr
+
+
+@pytest.mark.model
+def test_the_readme_main_job_runs_the_embedded_default(tmp_path: Path) -> None:
+    """`soakd run` with no config soaks the embedded tiny VLM offline and judges it (a short
+    version of the README's first command; PASS or FAIL depends on this machine's load, an
+    unjudgeable or broken run does not)."""
+    db = tmp_path / "soakd.db"
+    env_cache = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    import os
+
+    p = subprocess.run(
+        soakd_cmd(
+            "run",
+            "--db",
+            str(db),
+            "--duration",
+            "6s",
+            "--no-live",
+            "--set",
+            "run.warmup_s=1",
+            "--set",
+            "criteria.min_duration_s=3",
+            "--set",
+            f"workload.cache_dir={str(tmp_path / 'models')!r}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env_cache},
+    )
+    assert p.returncode in (0, 1), p.stderr[-3000:]
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    ((kind, status, verdict),) = conn.execute("SELECT workload_kind, status, verdict FROM runs")
+    assert (kind, status) == ("tiny-vlm", "completed") and verdict in ("PASS", "FAIL")
+    ((n, tokens),) = conn.execute("SELECT count(*), min(out_tokens) FROM measured_frames")
+    assert n >= 5 and tokens == 8
