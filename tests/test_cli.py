@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -110,8 +112,6 @@ def test_the_readme_main_job_runs_the_embedded_default(tmp_path: Path) -> None:
     unjudgeable or broken run does not)."""
     db = tmp_path / "soakd.db"
     env_cache = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    import os
-
     p = subprocess.run(
         soakd_cmd(
             "run",
@@ -133,8 +133,6 @@ def test_the_readme_main_job_runs_the_embedded_default(tmp_path: Path) -> None:
         env={**os.environ, **env_cache},
     )
     assert p.returncode in (0, 1), p.stderr[-3000:]
-    import sqlite3
-
     conn = sqlite3.connect(db)
     ((kind, status, verdict),) = conn.execute("SELECT workload_kind, status, verdict FROM runs")
     assert (kind, status) == ("tiny-vlm", "completed") and verdict in ("PASS", "FAIL")
