@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,13 @@ def synthetic(db_path: Path) -> Callable[..., Settings]:
 def soakd_cmd(*args: str) -> list[str]:
     """The command line of a real ``soakd`` subprocess (the installed module)."""
     return [sys.executable, "-m", "soakd", *args]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``soakd ARGS`` as a real subprocess from the repository root."""
+    return subprocess.run(
+        soakd_cmd(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,8 @@ from soakd.errors import UsageError
 from soakd.records import Emission, FrameRecord
 from soakd.store import db as store
 from soakd.store import profiling_queries as q
+
+from .conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -324,36 +325,24 @@ def test_compare_detects_planted_regression_but_not_noise(
     assert isinstance(worse, Comparison)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    import sys
-
-    return subprocess.run(
-        [sys.executable, "-m", "soakd", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-
-
 @pytest.mark.slow
 def test_cli_compare_gate_exit_codes_and_baselines(three_runs: tuple[Path, list[str]]) -> None:
     """`soakd compare --fail-on-regression` exits 1 on the planted regression and 0 on
     noise; `baseline set/list` work and compare accepts baseline:NAME; bad refs exit 2."""
     db, (a1, a2, b) = three_runs
-    r = _cli("baseline", "set", a1, "--name", "good", "--db", str(db))
+    r = run_cli("baseline", "set", a1, "--name", "good", "--db", str(db))
     assert r.returncode == 0, r.stderr
-    r = _cli("baseline", "list", "--json", "--db", str(db))
+    r = run_cli("baseline", "list", "--json", "--db", str(db))
     assert json.loads(r.stdout.splitlines()[0])["run_id"] == a1
-    r = _cli("compare", "baseline:good", b, "--fail-on-regression", "10", "--db", str(db))
+    r = run_cli("compare", "baseline:good", b, "--fail-on-regression", "10", "--db", str(db))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "REGRESSION total_ms.p50" in r.stderr
     md_tables_consistent(r.stdout)
-    r = _cli("compare", "good", a2, "--json", "--fail-on-regression", "10", "--db", str(db))
+    r = run_cli("compare", "good", a2, "--json", "--fail-on-regression", "10", "--db", str(db))
     assert r.returncode == 0, r.stdout + r.stderr
     d = json.loads(r.stdout)
     assert d["regression"]["failed"] is False and d["run_a"]["id"] == a1
-    r = _cli("compare", "nope", b, "--db", str(db))
+    r = run_cli("compare", "nope", b, "--db", str(db))
     assert r.returncode == 2 and "nope" in r.stderr
-    r = _cli("compare", a1, b, "--metric", "bogus", "--fail-on-regression", "5", "--db", str(db))
+    r = run_cli("compare", a1, b, "--metric", "bogus", "--fail-on-regression", "5", "--db", str(db))
     assert r.returncode == 2 and "bogus" in r.stderr

@@ -315,7 +315,7 @@ PROMETHEUS_DOCS = Path(__file__).resolve().parent.parent / "docs" / "prometheus"
 
 @pytest.mark.skipif(
     shutil.which("promtool") is None,
-    reason="promtool not installed (Debian package 'prometheus'; `bash .ci/setup --test` installs it)",
+    reason="promtool not installed (Debian 'prometheus'; `bash .ci/setup --test` installs it)",
 )
 def test_documented_alert_rules_fire_on_the_patterns_they_name() -> None:
     """promtool accepts alerts.yml and its unit tests: rising age, drops, floor growth fire,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +24,8 @@ from soakd.records import Emission, FrameRecord
 from soakd.store import db as store
 from soakd.store import profiling_queries as q
 from tests.test_compare import md_tables_consistent
+
+from .conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,22 +151,12 @@ def test_generator_profile_keeps_first_output_apart_from_intervals(
     assert json.loads(r.to_json())["stream"]["interval_p95_ms"] == pytest.approx(20.0)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "soakd", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-
-
 @pytest.mark.slow
 def test_cli_profile_json_and_config_error(tmp_path: Path) -> None:
     """`soakd profile --json` prints valid JSON and exits 0; a bad --set exits 2 with the
     key named on one line."""
     db = tmp_path / "p.db"
-    r = _cli(
+    r = run_cli(
         "profile",
         "--frames",
         "6",
@@ -182,7 +172,7 @@ def test_cli_profile_json_and_config_error(tmp_path: Path) -> None:
     d = json.loads(r.stdout)
     assert d["frames"] == 6 and d["recommended_fps"] > 0
     assert d["fps_flag"].startswith("--fps ")
-    r = _cli("profile", "--db", str(db), "--set", "run.fps=-2")
+    r = run_cli("profile", "--db", str(db), "--set", "run.fps=-2")
     assert r.returncode == 2
     assert "run.fps" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -192,7 +182,6 @@ def test_cli_profile_json_and_config_error(tmp_path: Path) -> None:
 def test_profile_of_the_real_tiny_model(tmp_path: Path) -> None:
     """The tiny random-weight VLM profiles: every stage timed, fixed output length held and
     reported, a sample text, a recommended rate."""
-    pytest.importorskip("soakd.workloads.hf", reason="the tiny-vlm workload is not written yet")
     from soakd.config import load_settings
 
     s = load_settings(

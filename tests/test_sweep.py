@@ -261,7 +261,6 @@ def test_cli_sweep_writes_json_and_plot_and_rejects_unknown_key(tmp_path: Path) 
 def test_sweep_of_the_real_tiny_model_over_input_sizes(tmp_path: Path) -> None:
     """The tiny VLM sweeps over input short sides; each point is profiled (or rejected with
     a reason), preprocessing is timed, outputs are valid."""
-    pytest.importorskip("soakd.workloads.hf", reason="the tiny-vlm workload is not written yet")
     from soakd.config import load_settings
 
     s = load_settings(
