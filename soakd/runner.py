@@ -325,6 +325,7 @@ class Run:
         s = self.settings
         clock = self.clock
         describe = dict(workload.describe())
+        describe["shape"] = workload.shape
         describe["load_s"] = round(load_s, 3)
         try:
             describe["source"] = source.describe()

@@ -53,3 +53,21 @@ def test_tiny_session_is_judged_on_output_latency(synthetic: Callable[..., Setti
     assert res.verdict is not None and res.verdict.status in ("PASS", "FAIL")
     jitter = res.verdict.get("jitter")
     assert jitter is not None and "output_latency" in jitter.detail
+
+
+def test_frames_a_session_drops_count_as_lost(synthetic: Callable[..., Settings]) -> None:
+    """Frames dropped inside a session model (its own frame queue) count in the drops
+    criterion, also for a session brought in through kind = "python"."""
+    res = run_soak(
+        synthetic(
+            'workload.kind="python"',
+            "workload.factory='tests.tiny_session:factory'",
+            "workload.options={script = 'ts', start_after_pushes = 12, frame_queue_size = 2,"
+            " max_tokens_per_turn = 3}",
+            "run.warmup_s=0",
+            "run.duration=4",
+        )
+    )
+    drops = res.verdict.get("drops")
+    assert drops is not None and drops.evidence["session_dropped"] >= 10
+    assert drops.status == "fail" and "dropped by the session" in drops.detail

@@ -31,6 +31,7 @@ class RunMeta:
     duration_s: float | None = None
     fps: float | None = None
     workload_kind: str | None = None
+    shape: str = "staged"  # staged | session | generator: the workload's calling convention
     device: str | None = None  # workload.device from the config ("cpu", "cuda:0", ...)
     host: str | None = None
     config_hash: str = ""
@@ -138,6 +139,14 @@ def _meta_from_row(row: dict[str, Any]) -> RunMeta:
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
     device = wl.get("device") if isinstance(wl, dict) else None
     warm = run.get("warmup_s") if isinstance(run, dict) else None
+    kind = row.get("workload_kind") or (wl.get("kind") if wl else None)
+    try:
+        described = json.loads(row.get("workload") or "{}")
+    except (TypeError, ValueError):
+        described = {}
+    shape = described.get("shape") if isinstance(described, dict) else None
+    if shape not in ("staged", "session", "generator"):  # runs stored before "shape" was
+        shape = kind if kind in ("session", "generator") else "staged"
     return RunMeta(
         run_id=str(row["id"]),
         status=str(row.get("status") or "completed"),
@@ -145,7 +154,8 @@ def _meta_from_row(row: dict[str, Any]) -> RunMeta:
         name=row.get("name"),
         duration_s=row.get("duration_s"),
         fps=row.get("fps"),
-        workload_kind=row.get("workload_kind") or (wl.get("kind") if wl else None),
+        workload_kind=kind,
+        shape=str(shape),
         device=str(device) if device is not None else None,
         host=row.get("host"),
         config_hash=str(row.get("config_hash") or ""),
@@ -160,8 +170,8 @@ def _meta_from_row(row: dict[str, Any]) -> RunMeta:
 def load_run_data(conn: sqlite3.Connection, run_id: str) -> RunData:
     """Read one run's rows into RunData (raises rundata.RunNotFound)."""
     meta = _meta_from_row(q.load_run_row(conn, run_id))
-    extra = {"session": ("output_latency_ms",), "generator": ("first_emit_ms",)}
-    frames = q.load_frame_columns(conn, run_id, extra.get(meta.workload_kind or "", ()))
+    extra = {"session": ("output_latency_ms", "session_dropped"), "generator": ("first_emit_ms",)}
+    frames = q.load_frame_columns(conn, run_id, extra.get(meta.shape, ()))
     samples = q.load_sample_columns(conn, run_id)
     emissions = q.load_emission_columns(conn, run_id)
     events, counts = q.load_events(conn, run_id)

@@ -225,15 +225,19 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
         )
     drop = np.nan_to_num(d.frame("drop_count"))
     stale = np.nan_to_num(d.frame("stale_count"))
-    lost_cum = drop + stale
+    # a session model drops frames of its own (its frame queue): those are lost frames too
+    sess = np.fmax.accumulate(np.nan_to_num(d.frame("session_dropped")))
+    lost_cum = drop + stale + sess
     pre = ~post
     base_drop = float(drop[pre].max()) if pre.any() else 0.0
     base_stale = float(stale[pre].max()) if pre.any() else 0.0
+    base_sess = float(sess[pre].max()) if pre.any() else 0.0
     n_drop = max(float(drop[post].max()) - base_drop, 0.0)
     n_stale = max(float(stale[post].max()) - base_stale, 0.0)
+    n_sess = max(float(sess[post].max()) - base_sess, 0.0)
     rows = int(post.sum())
     captured = rows + n_drop
-    frac = (n_drop + n_stale) / captured if captured else 0.0
+    frac = (n_drop + n_stale + n_sess) / captured if captured else 0.0
     # per-window loss rates
     t = d.frames["t_capture"][post]
     w = age_window_s(ctx.span, d.meta.fps)
@@ -241,7 +245,7 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
     dc = drop[post]
     win = stats.window_reduce(t, lc, w, t0=ctx.t0, t1=ctx.t1, medians=False)
     dwin = stats.window_reduce(t, dc, w, t0=ctx.t0, t1=ctx.t1, medians=False)
-    prev_lost = base_drop + base_stale
+    prev_lost = base_drop + base_stale + base_sess
     prev_drop = base_drop
     rates = np.full(len(win.t), np.nan)
     for i in range(len(win.t)):
@@ -260,6 +264,7 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
     ev: dict[str, Any] = {
         "dropped": n_drop,
         "stale": n_stale,
+        "session_dropped": n_sess,
         "captured": captured,
         "dispatched_rows": rows,
         "window_s": w,
@@ -269,9 +274,10 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
     }
     over_end = accelerating and end_rate is not None and end_rate > c.max_drop_fraction
     status = FAIL if frac > c.max_drop_fraction or over_end else PASS
+    by_session = f", {n_sess:.0f} dropped by the session" if n_sess else ""
     detail = (
-        f"{n_drop + n_stale:.0f} of {captured:.0f} frames lost "
-        f"({n_drop:.0f} dropped, {n_stale:.0f} stale)"
+        f"{n_drop + n_stale + n_sess:.0f} of {captured:.0f} frames lost "
+        f"({n_drop:.0f} dropped, {n_stale:.0f} stale{by_session})"
     )
     if accelerating:
         detail += f"; drop rate rising, {end_rate:.1%} by the end" if end_rate else ""
@@ -295,7 +301,7 @@ def _generator_intervals(d: RunData, t0: float) -> tuple[np.ndarray, np.ndarray]
 
 def judge_frame_age(ctx: _Ctx) -> CriterionResult:
     d, c = ctx.data, ctx.crit
-    generator = d.meta.workload_kind == "generator"
+    generator = d.meta.shape == "generator"
     if generator:
         name, title, what = "interval", "Stable output interval", "interval growth"
         t, y = _generator_intervals(d, ctx.t0)
@@ -480,7 +486,7 @@ def _jitter_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray] | None:
             fid = d.frames["frame_id"][ok]
             keep = np.isfinite(y)
             return col, y[keep], fid[keep]
-    if d.meta.workload_kind == "generator":
+    if d.meta.shape == "generator":
         _, iv = _generator_intervals(d, ctx.t0)
         if iv.size:
             return "interval_ms", iv, np.arange(iv.size, dtype=np.float64)
@@ -510,7 +516,7 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
     title = "Infer jitter"
     src = _jitter_source(ctx)
     if src is None:
-        if d.meta.workload_kind == "session":
+        if d.meta.shape == "session":
             return CriterionResult(
                 "jitter",
                 title,

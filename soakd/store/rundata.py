@@ -73,6 +73,7 @@ FRAME_FIELDS: tuple[str, ...] = (
     "stale_count",
     "first_emit_ms",
     "output_latency_ms",
+    "session_dropped",
 )
 """The frame columns RunData knows (``has_error``: the frame's workload raised)."""
 
