@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,22 +47,29 @@ def test_oom_stops_the_run_when_asked(synthetic: Callable[..., Settings]) -> Non
     assert res.duration_s < 5
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 400 KiB tmpfs: a real filesystem that fills up."""
-    mnt = tmp_path / "small"
+@contextmanager
+def tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs mounted at ``mnt`` for the block (skips the test where mounting is not
+    allowed: it needs root)."""
     mnt.mkdir()
     p = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
         capture_output=True,
         text=True,
     )
     if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {p.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs ({options}) here (needs root): {p.stderr.strip()}")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 400 KiB tmpfs: a real filesystem that fills up."""
+    with tmpfs(tmp_path / "small", "size=400k") as mnt:
+        yield mnt
 
 
 def test_disk_full_ends_the_run_with_a_clear_error_and_a_sound_database(
@@ -109,16 +117,7 @@ def test_read_only_database_path_is_a_usage_error(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     """A database on a read-only filesystem is refused before the run (exit 2), naming it."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    p = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=100k", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {p.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=100k") as mnt:
         db = mnt / "soakd.db"
         r = subprocess.run(
             soakd_cmd(
@@ -139,5 +138,3 @@ def test_read_only_database_path_is_a_usage_error(
         assert r.returncode == ExitCode.USAGE, r.stderr[-2000:]
         lines = [ln for ln in r.stderr.splitlines() if ln.startswith("soakd: error")]
         assert len(lines) == 1 and str(db) in lines[0]
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
