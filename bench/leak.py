@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _child_soakd(db: Path, fps: float, duration_s: float, out: Path) -> int:
     """Child entry point: one paced no-op soak run; writes its run id to ``out``."""
     from soakd.config import load_settings
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     settings = load_settings(overrides=noop_overrides(db, fps=fps, duration_s=duration_s))
     res = run_soak(settings, judge=False)

@@ -63,7 +63,7 @@ def bare_loop(n: int) -> np.ndarray:
 def soakd_loop(n: int, db: Path) -> tuple[np.ndarray, dict[str, float]]:
     """Per-frame seconds of an unpaced no-op soakd run of ``n`` frames, and its summary."""
     from soakd.config import load_settings
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     settings = load_settings(overrides=noop_overrides(db, fps=30, duration_s=3600))
     res = run_soak(settings, paced=False, max_frames=n, judge=False)

@@ -82,7 +82,7 @@ def bare_pacer(fps: float, duration_s: float) -> tuple[np.ndarray, np.ndarray]:
 def soakd_pacing(fps: float, duration_s: float, db: Path) -> dict[str, float]:
     """One paced no-op run; its achieved rate and lateness figures."""
     from soakd.config import load_settings
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     settings = load_settings(overrides=noop_overrides(db, fps=fps, duration_s=duration_s))
     res = run_soak(settings, judge=False)

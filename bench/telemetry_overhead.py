@@ -56,7 +56,7 @@ def one_run(db: Path, duration_s: float, telemetry: bool) -> tuple[np.ndarray, i
     import sqlite3
 
     from soakd.config import load_settings
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     settings = load_settings(
         overrides=[

@@ -14,6 +14,11 @@ from typing import Any
 
 import numpy as np
 
+#: The per-frame stages, in order: the one place that names them. ``total`` is their sum.
+STAGES: tuple[str, ...] = ("grab", "pre", "infer", "decode", "total")
+#: Their columns in the ``frames`` table (milliseconds).
+STAGE_COLUMNS: tuple[str, ...] = tuple(f"{s}_ms" for s in STAGES)
+
 
 @dataclass(slots=True)
 class Frame:

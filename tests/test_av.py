@@ -150,7 +150,7 @@ def test_av_run_through_the_runner_records_media_tokens(cache: Path, tmp_path: P
     import sqlite3
 
     from soakd.config import load_settings
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     db = tmp_path / "av.db"
     settings = load_settings(
@@ -170,7 +170,7 @@ def test_sweep_over_video_fps_reports_media_tokens_and_time(cache: Path, tmp_pat
     """`sweep --vary workload.video_fps=1,2,4` on the AV default: frames back to back still
     see the stream at run.fps, so vision tokens grow with video_fps; each point has times."""
     from soakd.config import load_settings
-    from soakd.sweep import sweep
+    from soakd.studies.sweep import sweep
 
     settings = load_settings(
         "configs/av-qa.toml",

@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from soakd.compare import (
+from soakd.config import Settings
+from soakd.errors import UsageError
+from soakd.records import Emission, FrameRecord
+from soakd.store import db as store
+from soakd.store import profiling_queries as q
+from soakd.studies.compare import (
     Comparison,
     compare,
     config_diff,
     flatten,
     floor_slope,
 )
-from soakd.config import Settings
-from soakd.errors import UsageError
-from soakd.records import Emission, FrameRecord
-from soakd.store import db as store
-from soakd.store import profiling_queries as q
 
 from .conftest import run_cli
 
@@ -280,7 +280,7 @@ def test_baselines_resolve_by_name_prefix_and_fail_clearly(
 def three_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """Two runs of one config and one with infer_ms 20 -> 30, in one real database."""
     from soakd.config import load_settings
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     db = tmp_path_factory.mktemp("cmp") / "soakd.db"
     base = [

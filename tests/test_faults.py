@@ -12,7 +12,7 @@ import pytest
 
 from soakd.config import Settings
 from soakd.errors import ExitCode
-from soakd.runner import run_soak
+from soakd.run.runner import run_soak
 
 from .conftest import soakd_cmd
 

@@ -16,11 +16,11 @@ import pytest
 
 from soakd.clock import FakeClock, MonotonicClock
 from soakd.config import GeneratorWorkloadSettings, Settings, load_settings
-from soakd.drivers import DriverContext
-from soakd.drivers.generator import drive
 from soakd.errors import UsageError
 from soakd.records import Emission, Event, Frame, FrameRecord
-from soakd.runner import run_soak
+from soakd.run.drivers import DriverContext
+from soakd.run.drivers.generator import drive
+from soakd.run.runner import run_soak
 from soakd.workloads.base import EmitFn, GeneratorTimings, WorkloadContext, WorkloadError
 from soakd.workloads.generator import TinyGenerator, build
 

@@ -214,7 +214,7 @@ def test_default_run_through_the_runner(cache: Path, tmp_path: Path) -> None:
     """The embedded default workload run by the runner stores fixed-length frame rows."""
     import sqlite3
 
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     db = tmp_path / "tiny.db"
     settings = load_settings(

@@ -19,9 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soakd.config import Settings
 from soakd.errors import UsageError
-from soakd.observer import Progress, RunInfo, RunResult
-from soakd.records import Event, FrameRecord, Sample
-from soakd.service.metrics import (
+from soakd.observers.base import Progress, RunInfo, RunResult
+from soakd.observers.metrics import (
     MetricsObserver,
     MetricsServer,
     is_loopback,
@@ -30,6 +29,7 @@ from soakd.service.metrics import (
     start_exporter,
     verdict_rows,
 )
+from soakd.records import Event, FrameRecord, Sample
 
 Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

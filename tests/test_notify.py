@@ -13,10 +13,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from soakd.config import Settings
-from soakd.observer import Progress, RunInfo, RunResult
+from soakd.observers.base import Progress, RunInfo, RunResult
+from soakd.observers.notify import Notifier, socket_address, watchdog_interval_s
+from soakd.observers.systemd import SystemdObserver, format_status, watchdog_warning
 from soakd.records import Event
-from soakd.service.notify import Notifier, socket_address, watchdog_interval_s
-from soakd.service.systemd_observer import SystemdObserver, format_status, watchdog_warning
 
 
 class Manager:

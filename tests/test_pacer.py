@@ -7,8 +7,8 @@ import threading
 import numpy as np
 
 from soakd.clock import FakeClock
-from soakd.pacer import Pacer
-from soakd.queue import FrameQueue
+from soakd.run.pacer import Pacer
+from soakd.run.queue import FrameQueue
 
 IMG = np.zeros((2, 2, 3), np.uint8)
 

@@ -14,7 +14,7 @@ import pytest
 
 from soakd.config import ConfigError, PythonWorkload, Settings, load_settings
 from soakd.errors import UsageError
-from soakd.runner import run_soak
+from soakd.run.runner import run_soak
 from soakd.workloads import registry
 from soakd.workloads.base import WorkloadContext, WorkloadError
 from soakd.workloads.plugin import build_python, check_workload

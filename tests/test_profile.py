@@ -13,16 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from soakd.config import Settings
-from soakd.profiling import (
+from soakd.records import Emission, FrameRecord
+from soakd.store import db as store
+from soakd.store import profiling_queries as q
+from soakd.studies.profiling import (
     RECOMMEND_BAND,
     profile,
     profile_from_db,
     recommend,
     round_down_2sig,
 )
-from soakd.records import Emission, FrameRecord
-from soakd.store import db as store
-from soakd.store import profiling_queries as q
 from tests.test_compare import md_tables_consistent
 
 from .conftest import run_cli

@@ -6,8 +6,8 @@ import threading
 
 import numpy as np
 
-from soakd.queue import FrameQueue
 from soakd.records import Frame
+from soakd.run.queue import FrameQueue
 
 IMG = np.zeros((2, 2, 3), np.uint8)
 

@@ -17,7 +17,7 @@ import pytest
 
 from soakd.config import Settings
 from soakd.errors import ExitCode
-from soakd.runner import run_soak
+from soakd.run.runner import run_soak
 
 from .conftest import soakd_cmd
 
@@ -352,7 +352,7 @@ def test_keyboard_interrupt_in_library_use_ends_the_run_cleanly(
     KeyboardInterrupt in the main thread) still closes the run as aborted, rows stored."""
     import os
 
-    from soakd.observer import Observer
+    from soakd.observers.base import Observer
 
     class InterruptWhenReady(Observer):
         def on_ready(self) -> None:

@@ -19,7 +19,7 @@ import pytest
 from soakd.config import SessionWorkloadSettings, Settings, load_settings
 from soakd.errors import UsageError
 from soakd.records import Frame
-from soakd.runner import run_soak
+from soakd.run.runner import run_soak
 from soakd.workloads.base import WorkloadContext, WorkloadError
 from soakd.workloads.session import RealtimeSessionWorkload, build, check_checkpoint, classify_chunk
 from soakd.workloads.tiny_session import SILENCE, TinyRealtimeModel

@@ -390,7 +390,7 @@ def test_stream_that_ends_mid_run_aborts_the_run_with_reason(
     """A real run on an HTTP stream that hits EOF ends aborted with a source_end event."""
     import sqlite3
 
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     settings = synthetic(
         'source.kind="stream"',

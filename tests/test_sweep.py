@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from soakd.config import ConfigError, Settings
 from soakd.records import Frame, StageOutput
-from soakd.sweep import apply_override, check_key, find_knee, parse_vary, sweep
+from soakd.studies.sweep import apply_override, check_key, find_knee, parse_vary, sweep
 from soakd.workloads.base import WorkloadError
 from tests.test_compare import md_tables_consistent
 

@@ -393,7 +393,7 @@ E2E = (
 
 
 def _run(synthetic: Callable[..., Settings], *extra: str) -> Any:
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
 
     res = run_soak(synthetic(*E2E, *extra))
     assert res.verdict is not None, res.summary.get("verdict_error")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from soakd.config import Settings
-from soakd.runner import run_soak
+from soakd.run.runner import run_soak
 
 pytestmark = pytest.mark.slow
 

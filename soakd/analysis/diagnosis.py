@@ -16,8 +16,8 @@ import numpy as np
 from soakd.analysis import stats
 from soakd.analysis.data import RunData
 from soakd.config import CriteriaSettings
+from soakd.records import STAGE_COLUMNS
 
-STAGES = ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms")
 _NAMES = {
     "grab_ms": "grab (capture)",
     "pre_ms": "preprocess",
@@ -36,7 +36,7 @@ def stage_growth(
     out: dict[str, tuple[bool, float, float]] = {}
     t = data.frames["t_capture"][measured]
     span_min = max(t1 - t0, 0.0) / 60
-    for col in (*STAGES, "queue_len", "frame_age_ms"):
+    for col in (*STAGE_COLUMNS, "queue_len", "frame_age_ms"):
         y = data.frame(col)[measured]
         ok = np.isfinite(y)
         if ok.sum() < 3:

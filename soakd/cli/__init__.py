@@ -21,6 +21,7 @@ app = typer.Typer(
 # modules that define register(app); each adds its commands
 _COMMAND_MODULES = (
     "soakd.cli.run",
+    "soakd.cli.runs",
     "soakd.cli.report",
     "soakd.cli.profile",
 )

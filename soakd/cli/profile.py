@@ -1,7 +1,7 @@
 """``soakd profile``, ``soakd sweep``, ``soakd compare`` and ``soakd baseline set|list``.
 
-Each command parses its options, calls one library function (``soakd.profiling.profile``,
-``soakd.sweep.sweep``, ``soakd.compare.compare``) and prints its Markdown or JSON.
+Each command parses its options, calls one library function (``soakd.studies.profiling.profile``,
+``soakd.studies.sweep.sweep``, ``soakd.studies.compare.compare``) and prints its Markdown or JSON.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import typer
 from soakd.cli.common import DB_HELP, console, error, open_db
 from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
-from soakd.logs import configure_logging
+from soakd.observers.logs import configure_logging
 
 CONFIG_ARG = typer.Argument(help="TOML config (default: embedded).")
 SET_HELP = "Override a key: section.key=value (repeatable)."
@@ -53,7 +53,7 @@ def profile_cmd(
     """Run N frames back to back and print the stage table, the first frame apart, peak
     memory, the theoretical rate (1000 / median total) and a recommended --fps. Exit code:
     0 measured, 2 usage/config error, 3 no frame finished after the first."""
-    from soakd.profiling import profile
+    from soakd.studies.profiling import profile
 
     settings = _settings(config, set_, db)
     configure_logging(level="warning")
@@ -105,7 +105,7 @@ def sweep_cmd(
 ) -> None:
     """Profile once per value of one variable, everything else held fixed; mark the knee and
     where the usable range ends. Exit code: 0, 2 usage/config error, 3 every value rejected."""
-    from soakd.sweep import parse_vary, sweep
+    from soakd.studies.sweep import parse_vary, sweep
 
     if fmt not in ("md", "json"):
         raise error(f"--format {fmt}: expected md or json")
@@ -146,8 +146,8 @@ def compare_cmd(
     """Compare two runs (or a run and a baseline): config diff, stage and frame-age
     statistics, drops, memory floor slopes and criteria, each with its change and whether it
     is beyond noise. Exit code: 0, 1 regression (with --fail-on-regression), 2 usage error."""
-    from soakd.compare import compare
     from soakd.store.profiling_queries import resolve_run
+    from soakd.studies.compare import compare
 
     if not 0 < alpha < 0.5:
         raise error(f"--alpha: must be between 0 and 0.5, got {alpha}")

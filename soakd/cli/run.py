@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -11,14 +10,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from soakd.cli.common import DB_HELP, console, error, open_db
+from soakd.cli.common import DB_HELP, console, error
 from soakd.config import ConfigError, load_settings, parse_duration
-from soakd.display import LiveDisplay, fmt_bytes, summary_table
 from soakd.errors import ExitCode, SoakdError
-from soakd.logs import FrameLogObserver, configure_logging
-from soakd.observer import Observer
+from soakd.observers.base import Observer
+from soakd.observers.display import LiveDisplay, summary_table
+from soakd.observers.logs import FrameLogObserver, configure_logging
 from soakd.service.signals import abort_reason, install_signal_handlers
 from soakd.store import queries
 
@@ -46,13 +44,13 @@ def _observers(settings: Any, *, live: bool, log_every: int) -> list[Observer]:
     else:
         obs.append(FrameLogObserver(log_every))
     if settings.service.notify and os.environ.get("NOTIFY_SOCKET"):
-        from soakd.service.systemd_observer import SystemdObserver
+        from soakd.observers.systemd import SystemdObserver
 
         sd = SystemdObserver.from_env()
         if sd is not None:
             obs.append(sd)
     if settings.service.metrics_addr:
-        from soakd.service.metrics import open_metrics
+        from soakd.observers.metrics import open_metrics
 
         try:
             obs.append(open_metrics(settings.service.metrics_addr))
@@ -106,7 +104,7 @@ def run_cmd(
 
 
 def execute_run(settings: Any, *, live: bool) -> int:
-    from soakd.runner import Run
+    from soakd.run.runner import Run
 
     con = console()
     observers = _observers(settings, live=live, log_every=settings.run.log_every)
@@ -167,94 +165,5 @@ def _print_end(con: Console, settings: Any, result: Any) -> None:
             con.print(f"verdict: {result.verdict.status}")
 
 
-def runs_cmd(
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 20,
-    mode: Annotated[
-        str | None, typer.Option(help="Only runs of this mode (soak, profile).")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
-) -> None:
-    """List runs in the database, newest first."""
-    conn = open_db(db)
-    rows = queries.list_runs(conn, limit=limit, mode=mode)
-    if as_json:
-        for r in rows:
-            print(json.dumps(r))
-        return
-    t = Table()
-    for c in (
-        "run_id",
-        "mode",
-        "status",
-        "verdict",
-        "workload",
-        "fps",
-        "started",
-        "dur s",
-        "frames",
-        "drops",
-        "errors",
-    ):
-        t.add_column(c)
-    for r in rows:
-        t.add_row(
-            r["run_id"],
-            r["mode"],
-            r["status"],
-            r["verdict"] or "-",
-            r["workload_kind"] or "-",
-            f"{r['fps']:g}" if r["fps"] else "-",
-            r["started_at"],
-            f"{r['duration_s']:.1f}" if r["duration_s"] else "-",
-            str(r["frames"]),
-            str(r["drops"] or 0),
-            str(r["errors"]),
-        )
-    console().print(t)
-
-
-def show_cmd(
-    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
-) -> None:
-    """Summarise one run: status, stage statistics, counters, events, verdict."""
-    if run_id is None and not latest:
-        raise error("give a RUN_ID or --latest")
-    conn = open_db(db)
-    try:
-        rid = queries.resolve_run_id(conn, run_id, latest=latest)
-        run = queries.get_run(conn, rid)
-        stages = queries.stage_stats(conn, rid)
-        evs = queries.events(
-            conn, rid, ("error", "oom", "stall", "source_end", "signal", "crashed", "end")
-        )
-    except SoakdError as exc:
-        raise error(str(exc), exc.exit_code) from None
-    if as_json:
-        print(json.dumps({"run": run, "stages": stages, "events": evs[:50]}, default=str, indent=2))
-        return
-    con = console()
-    con.print(summary_table(run, stages))
-    s = run.get("summary") or {}
-    con.print(
-        f"workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
-        f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
-        + (f", reason: {run['reason']}" if run.get("reason") else "")
-    )
-    if s:
-        con.print(
-            f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
-            f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
-            f"peak RSS {fmt_bytes(queries.peak(conn, rid, 'rss_bytes'))}"
-        )
-    for e in evs[:20]:
-        con.print(f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}")
-
-
 def register(app: typer.Typer) -> None:
     app.command("run")(run_cmd)
-    app.command("runs")(runs_cmd)
-    app.command("show")(show_cmd)

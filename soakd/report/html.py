@@ -19,6 +19,7 @@ from soakd import __version__
 from soakd.analysis import stats
 from soakd.analysis.data import RunData
 from soakd.analysis.verdict import MIB, Verdict, age_window_s
+from soakd.records import STAGE_COLUMNS
 from soakd.report.svg import HLine, Series, Span, VLine, line_chart
 
 _CSS = """
@@ -110,7 +111,7 @@ class _Panels:
         t = self.data.frames["t_capture"]
         ok = self.data.frames["skipped"] == 0
         series = []
-        for col in ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms"):
+        for col in STAGE_COLUMNS:
             y = self.data.frame(col)
             w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0)
             if w.t.size:

@@ -2,7 +2,7 @@
 
 Every function takes an open connection (``soakd.store.db.connect``) and returns plain
 Python values or numpy arrays; nothing here interprets the numbers (that is
-``soakd.profiling`` and ``soakd.compare``).
+``soakd.studies.profiling`` and ``soakd.studies.compare``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from soakd.errors import UsageError
+from soakd.records import STAGE_COLUMNS
 
-STAGE_COLUMNS: tuple[str, ...] = ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms")
 _FRAME_VALUE_COLUMNS = frozenset(
     (
         *STAGE_COLUMNS,

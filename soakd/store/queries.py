@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from soakd.errors import UsageError
+from soakd.records import STAGE_COLUMNS
 
-STAGE_COLUMNS = ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms", "frame_age_ms", "e2e_ms")
+SHOW_COLUMNS = (*STAGE_COLUMNS, "frame_age_ms", "e2e_ms")
 
 
 def list_runs(
@@ -71,7 +72,7 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
 
 def stage_stats(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, float | None]]:
     """first frame, p50, p95 and max of each stage over post-warm-up dispatched frames."""
-    cols = ", ".join(STAGE_COLUMNS)
+    cols = ", ".join(SHOW_COLUMNS)
     first = conn.execute(
         f"SELECT {cols} FROM frames WHERE run_id = ? AND first = 1", (run_id,)
     ).fetchone()
@@ -80,7 +81,7 @@ def stage_stats(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, fl
     ).fetchall()
     arr = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
     out: dict[str, dict[str, float | None]] = {}
-    for i, name in enumerate(STAGE_COLUMNS):
+    for i, name in enumerate(SHOW_COLUMNS):
         col = arr[:, i] if len(arr) else np.array([])
         col = col[~np.isnan(col)]
         key = name.removesuffix("_ms")

@@ -3,8 +3,8 @@ on CUDA, ended after ``workload.sync()``."""
 
 from __future__ import annotations
 
-from soakd.drivers import DriverContext
 from soakd.records import FrameRecord
+from soakd.run.drivers import DriverContext
 
 
 def _oom_data(workload: object) -> dict[str, object] | None:

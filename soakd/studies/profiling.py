@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from soakd.config import Settings
-from soakd.observer import Observer
+from soakd.observers.base import Observer
+from soakd.records import STAGES
 from soakd.store import profiling_queries as q
 
 SCHEMA = "soakd.profile/1"
-STAGES: tuple[str, ...] = ("grab", "pre", "infer", "decode", "total")
 RECOMMEND_FACTOR = 0.6
 RECOMMEND_BAND = (0.5, 0.7)
 # settings that change the output length or content: held fixed during a profile and shown
@@ -246,7 +246,7 @@ def profile(
     """Run ``frames`` frames of the configured workload and source back to back (``paced``:
     at the configured rate instead) and return the profile. Raises ``UsageError`` for a
     source, database or workload that cannot be opened (exit code 2)."""
-    from soakd.runner import run_soak
+    from soakd.run.runner import run_soak
     from soakd.store.db import connect
 
     if frames < 2:

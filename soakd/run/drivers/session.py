@@ -26,8 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from soakd.drivers import DriverContext
 from soakd.records import Frame, FrameRecord
+from soakd.run.drivers import DriverContext
 
 #: frames awaiting an output beyond this are written without one (bounded memory)
 MAX_AWAITING = 4096

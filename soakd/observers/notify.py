@@ -25,7 +25,7 @@ from types import TracebackType
 
 import structlog
 
-_log = structlog.get_logger("soakd.service.notify")
+_log = structlog.get_logger("soakd.observers.notify")
 
 #: Seconds -> microseconds, the unit of every ``*_USEC`` variable.
 _USEC_PER_S = 1_000_000

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from soakd.clock import Clock
-from soakd.queue import FrameQueue
 from soakd.records import Emission, Event, Frame, FrameRecord
+from soakd.run.queue import FrameQueue
 
 if TYPE_CHECKING:
     from soakd.config import Settings
@@ -92,9 +92,9 @@ class DriverContext:
 
 def get_driver(shape: str) -> Callable[[DriverContext], None]:
     modules = {
-        "staged": "soakd.drivers.staged",
-        "session": "soakd.drivers.session",
-        "generator": "soakd.drivers.generator",
+        "staged": "soakd.run.drivers.staged",
+        "session": "soakd.run.drivers.session",
+        "generator": "soakd.run.drivers.generator",
     }
     if shape not in modules:
         raise ValueError(f"unknown workload shape {shape!r}")

@@ -30,9 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from soakd.drivers import DriverContext
-from soakd.drivers.session import response_timeout_s
 from soakd.records import Emission, Frame, FrameRecord
+from soakd.run.drivers import DriverContext
+from soakd.run.drivers.session import response_timeout_s
 
 #: recent values kept for the run summary's percentiles (bounded memory)
 SUMMARY_WINDOW = 65536

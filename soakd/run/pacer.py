@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from soakd.clock import Clock
-from soakd.queue import FrameQueue
 from soakd.records import Frame
+from soakd.run.queue import FrameQueue
 
 ReadFn = Callable[[], tuple[np.ndarray, float | None]]
 

@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from soakd.compare import flatten
 from soakd.config import ConfigError, Settings, load_settings, parse_set
 from soakd.errors import SoakdError
-from soakd.observer import Observer
-from soakd.profiling import ProfileResult, profile
+from soakd.observers.base import Observer
+from soakd.studies.compare import flatten
+from soakd.studies.profiling import ProfileResult, profile
 from soakd.workloads.base import WorkloadError
 
 SCHEMA = "soakd.sweep/1"

@@ -25,19 +25,17 @@ import structlog
 
 from soakd.clock import Clock, MonotonicClock
 from soakd.config import Settings
-from soakd.drivers import Counters, DriverContext, get_driver
 from soakd.environment import collect as collect_environment
 from soakd.errors import ExitCode, SoakdError, UsageError
-from soakd.observer import Observer, Progress, RunInfo, RunResult
-from soakd.pacer import Pacer
-from soakd.queue import FrameQueue
-from soakd.records import Emission, Event, Frame, FrameRecord, Sample
+from soakd.observers.base import Observer, Progress, RunInfo, RunResult
+from soakd.records import STAGES, Emission, Event, Frame, FrameRecord, Sample
+from soakd.run.drivers import Counters, DriverContext, get_driver
+from soakd.run.pacer import Pacer
+from soakd.run.queue import FrameQueue
 from soakd.store import db as store
 from soakd.workloads.base import WorkloadContext, WorkloadError
 
-log = structlog.get_logger("soakd.runner")
-
-STAGES = ("grab", "pre", "infer", "decode", "total")
+log = structlog.get_logger("soakd.run.runner")
 
 
 def new_run_id(now: float | None = None) -> str:

@@ -10,7 +10,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from soakd.observer import Observer, Progress, RunInfo, RunResult
+from soakd.observers.base import Observer, Progress, RunInfo, RunResult
 
 
 def fmt_ms(v: float | None) -> str:

@@ -10,7 +10,7 @@
 * ``on_stopping`` -> ``STOPPING=1`` with the reason.
 * ``on_run_end``  -> a final ``STATUS=`` with the outcome (shown by ``systemctl status``).
 
-Nothing is sent when ``$NOTIFY_SOCKET`` is unset (see ``soakd.service.notify``).
+Nothing is sent when ``$NOTIFY_SOCKET`` is unset (see ``soakd.observers.notify``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 import structlog
 
-from soakd.observer import Observer, Progress, RunInfo, RunResult
+from soakd.observers.base import Observer, Progress, RunInfo, RunResult
+from soakd.observers.notify import Notifier, watchdog_interval_s
 from soakd.records import Event
-from soakd.service.notify import Notifier, watchdog_interval_s
 
 _log = structlog.get_logger("soakd.service.systemd")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import structlog
 
-from soakd.observer import Observer
+from soakd.observers.base import Observer
 from soakd.records import FrameRecord
 
 

@@ -57,8 +57,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from soakd.errors import UsageError
-from soakd.observer import Observer, Progress, RunInfo, RunResult
-from soakd.records import Event, FrameRecord, Sample
+from soakd.observers.base import Observer, Progress, RunInfo, RunResult
+from soakd.records import STAGES, Event, FrameRecord, Sample
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -70,7 +70,6 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 RUN_LABELS: tuple[str, ...] = ("run", "config", "gpu")
-STAGES: tuple[str, ...] = ("grab", "pre", "infer", "decode", "total")
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "aborted", "crashed")
 VERDICTS: tuple[str, ...] = ("PASS", "FAIL", "INVALID")
 CRITERION_STATUSES: tuple[str, ...] = ("pass", "fail", "invalid", "n/a")

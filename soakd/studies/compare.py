@@ -30,6 +30,7 @@ from scipy import stats
 
 from soakd.analysis.stats import window_reduce
 from soakd.errors import UsageError
+from soakd.records import STAGE_COLUMNS
 from soakd.store import profiling_queries as q
 
 SCHEMA = "soakd.compare/1"
@@ -226,7 +227,7 @@ def compare(
     )
 
 
-_FRAME_COLS = ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms", "frame_age_ms")
+_FRAME_COLS = (*STAGE_COLUMNS, "frame_age_ms")
 
 
 def _load_frames(conn: sqlite3.Connection, run: q.RunRow) -> dict[str, np.ndarray]:
@@ -386,7 +387,7 @@ def _stage_metrics(
     rng: np.random.Generator,
 ) -> list[MetricRow]:
     rows: list[MetricRow] = []
-    for col in ("grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms"):
+    for col in STAGE_COLUMNS:
         if fa[col].size or fb[col].size:
             rows.extend(_distribution_rows(col, fa[col], fb[col], alpha, min_effect, rng))
     rows.extend(
