@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 from bench._common import BenchResult, Target, bench_main
 from soakd.records import FrameRecord
 from soakd.store import db as store
+from soakd.store.runs import NewRun, open_run
 from soakd.store.schema import FRAME_COLUMNS
 
 RUN_ID = "bench-store"
@@ -63,11 +64,8 @@ def make_records(n: int, fps: float = 30.0) -> list[FrameRecord]:
 def fresh_db(path: Path) -> None:
     """A run database with soakd's schema and one ``runs`` row."""
     conn = store.connect(path)
-    conn.execute(
-        "INSERT INTO runs (id, status, started_at, started_unix, config, config_hash)"
-        " VALUES (?, 'running', '2026-01-01T00:00:00Z', 0, '{}', 'bench')",
-        (RUN_ID,),
-    )
+    run = NewRun(RUN_ID, None, "soak", "synthetic", None, {}, "bench", {}, {})
+    open_run(conn, run, time.time())
     conn.close()
 
 

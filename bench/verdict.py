@@ -140,27 +140,33 @@ def _sample_rows(m: int, rng: np.random.Generator, t0_wall: float) -> list[tuple
 def make_run_db(path: Path, duration_s: float, seed: int = 0) -> None:
     """A run database holding one completed synthetic run of ``duration_s`` at 30 fps."""
     from soakd.store import db as store
+    from soakd.store.runs import NewRun, close_run, open_run
 
     settings = settings_for(duration_s, path)
     conn = store.connect(path)
     t0_wall = 1_790_000_000.0
-    conn.execute(
-        "INSERT INTO runs (id, name, mode, status, started_at, started_unix, ended_at,"
-        " duration_s, pid, host, workload_kind, fps, config, config_hash, workload,"
-        " environment, summary) VALUES (?, 'bench', 'soak', 'completed', ?, ?, ?, ?, 0, ?,"
-        " 'synthetic', ?, ?, ?, '{}', '{}', '{}')",
-        (
-            RUN_ID,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0_wall)),
-            t0_wall,
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0_wall + duration_s)),
-            duration_s,
-            "bench-host",
-            FPS,
-            json.dumps(settings.to_dict(), sort_keys=True),
-            settings.config_hash(),
-        ),
+    run = NewRun(
+        id=RUN_ID,
+        name="bench",
+        mode="soak",
+        workload_kind="synthetic",
+        fps=FPS,
+        config=settings.to_dict(),
+        config_hash=settings.config_hash(),
+        workload={},
+        environment={},
     )
+    with store.atomic(conn):
+        open_run(conn, run, t0_wall)
+        close_run(
+            conn,
+            RUN_ID,
+            status="completed",
+            reason=None,
+            ended_unix=t0_wall + duration_s,
+            duration_s=duration_s,
+            summary={},
+        )
     rng = np.random.default_rng(seed)
     n = int(duration_s * FPS)
     m = int(duration_s / SAMPLE_S)

@@ -1,16 +1,23 @@
-"""Shared fixtures: settings for short synthetic runs and a run database in tmp_path."""
+"""Shared fixtures: settings for short synthetic runs, a run database in tmp_path, and
+``make_run`` (one ``runs`` row written the way the runner writes it)."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from soakd.config import Settings, load_settings
+from soakd.store.db import atomic
+from soakd.store.runs import NewRun, close_run, open_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,3 +72,53 @@ def subprocess_env(tmp_path: Path) -> dict[str, str]:
     env.pop("STATE_DIRECTORY", None)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+_made_runs = itertools.count(1)
+
+
+def make_run(conn: sqlite3.Connection, **overrides: Any) -> str:
+    """Write one ``runs`` row through ``soakd.store.runs`` (open_run, then close_run unless
+    ``status="running"``) and return its id. Any ``NewRun`` field, ``status``, ``reason``,
+    ``started_unix``, ``duration_s`` and ``summary`` can be overridden; ``host`` and ``pid``
+    (which open_run takes from this process) are set afterwards when given. ``config`` may be
+    a dict or ``Settings`` (then ``config_hash`` and ``workload_kind`` follow it)."""
+    o = dict(overrides)
+    cfg = o.pop("config", {})
+    if isinstance(cfg, Settings):
+        o.setdefault("config_hash", cfg.config_hash())
+        o.setdefault("workload_kind", cfg.workload.kind)
+        cfg = cfg.to_dict()
+    run = NewRun(
+        id=o.pop("id", f"run{next(_made_runs):04d}"),
+        name=o.pop("name", None),
+        mode=o.pop("mode", "soak"),
+        workload_kind=o.pop("workload_kind", "synthetic"),
+        fps=o.pop("fps", None),
+        config=cfg,
+        config_hash=o.pop("config_hash", "h"),
+        workload=o.pop("workload", {}),
+        environment=o.pop("environment", {}),
+    )
+    started = float(o.pop("started_unix", time.time()))
+    status = o.pop("status", "completed")
+    duration = o.pop("duration_s", None)
+    host, pid = o.pop("host", None), o.pop("pid", None)
+    close = {
+        "reason": o.pop("reason", None),
+        "summary": o.pop("summary", {}),
+        "duration_s": duration,
+    }
+    if o:
+        raise TypeError(f"make_run: unknown fields {sorted(o)}")
+    with atomic(conn):
+        open_run(conn, run, started)
+        if status != "running":
+            end = started + (duration or 0.0)
+            close_run(conn, run.id, status=status, ended_unix=end, **close)
+        if host is not None or pid is not None:  # open_run records this process's own
+            conn.execute(
+                "UPDATE runs SET host = coalesce(?, host), pid = coalesce(?, pid) WHERE id = ?",
+                (host, pid, run.id),
+            )
+    return run.id

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from soakd.errors import UsageError
 from soakd.records import Emission, FrameRecord
 from soakd.store import db as store
 from soakd.store import profiling_queries as q
+from soakd.store import runs
 from soakd.studies.compare import (
     Comparison,
     compare,
@@ -25,7 +24,7 @@ from soakd.studies.compare import (
     floor_slope,
 )
 
-from .conftest import run_cli
+from .conftest import make_run, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,21 +95,7 @@ def _insert_run(
     mode: str = "soak",
     verdicts: dict[str, str] | None = None,
 ) -> None:
-    conn.execute(  # type: ignore[attr-defined]
-        "INSERT INTO runs (id, mode, status, started_at, started_unix, pid, host,"
-        " workload_kind, config, config_hash) VALUES (?, ?, 'completed', '2026-01-01T00:00:00Z',"
-        " ?, ?, ?, ?, ?, ?)",
-        (
-            rid,
-            mode,
-            time.time(),
-            os.getpid(),
-            os.uname().nodename,
-            settings.workload.kind,
-            json.dumps(settings.to_dict()),
-            settings.config_hash(),
-        ),
-    )
+    make_run(conn, id=rid, mode=mode, config=settings)  # type: ignore[arg-type]
     for crit, status in (verdicts or {}).items():
         conn.execute(  # type: ignore[attr-defined]
             "INSERT INTO verdicts (run_id, criterion, status, value, unit) VALUES (?,?,?,?,?)",
@@ -259,18 +244,18 @@ def test_baselines_resolve_by_name_prefix_and_fail_clearly(
     conn = store.connect(db_path)
     _insert_run(conn, "20260101T000000-aaaaaa", synthetic())
     _insert_run(conn, "20260101T000000-bbbbbb", synthetic())
-    q.set_baseline(conn, "release", "20260101T000000-aaaaaa")
-    assert q.resolve_run(conn, "baseline:release") == "20260101T000000-aaaaaa"
-    assert q.resolve_run(conn, "release") == "20260101T000000-aaaaaa"
-    assert q.resolve_run(conn, "20260101T000000-b") == "20260101T000000-bbbbbb"
-    q.set_baseline(conn, "release", "20260101T000000-bbbbbb")  # re-marking replaces
-    assert [b["run_id"] for b in q.list_baselines(conn)] == ["20260101T000000-bbbbbb"]
+    runs.set_baseline(conn, "release", "20260101T000000-aaaaaa")
+    assert runs.resolve(conn, "baseline:release") == "20260101T000000-aaaaaa"
+    assert runs.resolve(conn, "release") == "20260101T000000-aaaaaa"
+    assert runs.resolve(conn, "20260101T000000-b") == "20260101T000000-bbbbbb"
+    runs.set_baseline(conn, "release", "20260101T000000-bbbbbb")  # re-marking replaces
+    assert [b["run_id"] for b in runs.list_baselines(conn)] == ["20260101T000000-bbbbbb"]
     with pytest.raises(UsageError, match="ambiguous"):
-        q.resolve_run(conn, "2026")
+        runs.resolve(conn, "2026")
     with pytest.raises(UsageError, match="no baseline named 'nope'"):
-        q.resolve_run(conn, "baseline:nope")
+        runs.resolve(conn, "baseline:nope")
     with pytest.raises(UsageError, match="no run or baseline"):
-        q.resolve_run(conn, "zzz")
+        runs.resolve(conn, "zzz")
 
 
 # --- end to end: real synthetic runs and the real CLI

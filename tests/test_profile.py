@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from hypothesis import strategies as st
 from soakd.config import Settings
 from soakd.records import Emission, FrameRecord
 from soakd.store import db as store
-from soakd.store import profiling_queries as q
+from soakd.store import runs
 from soakd.studies.profiling import (
     RECOMMEND_BAND,
     profile,
@@ -25,7 +23,7 @@ from soakd.studies.profiling import (
 )
 from tests.test_compare import md_tables_consistent
 
-from .conftest import run_cli
+from .conftest import make_run, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +76,7 @@ def test_profile_of_synthetic_workload_gives_known_medians_and_rate(
     assert r.first["infer"] is not None and r.first["infer"] >= 20.0
     assert r.sample_output == "frame 1" and r.out_tokens == 1
     conn = store.connect(db_path)
-    run = q.get_run(conn, r.run_id)
+    run = runs.find_run(conn, r.run_id)
     assert run is not None and run.mode == "profile" and run.status == "completed"
     assert (
         conn.execute("SELECT count(*) FROM frames WHERE run_id = ?", (r.run_id,)).fetchone()[0]
@@ -98,12 +96,7 @@ def test_generator_profile_keeps_first_output_apart_from_intervals(
     and the interval statistics hold only later outputs of later requests."""
     conn = store.connect(db_path)
     s = synthetic("workload.kind='generator'")
-    conn.execute(
-        "INSERT INTO runs (id, mode, status, started_at, started_unix, pid, host, workload_kind,"
-        " config, config_hash) VALUES ('G', 'profile', 'completed', '2026-01-01T00:00:00Z', ?,"
-        " ?, ?, 'generator', ?, 'h')",
-        (time.time(), os.getpid(), os.uname().nodename, json.dumps(s.to_dict())),
-    )
+    make_run(conn, id="G", mode="profile", workload_kind="generator", config=s.to_dict())
     w = store.StoreWriter(db_path, "G", flush_interval_s=0.05)
     w.start()
     for f in range(5):

@@ -15,13 +15,8 @@ from soakd.records import Event, FrameRecord, Sample
 from soakd.store import db as store
 from soakd.store.schema import MIGRATIONS
 
-
-def _insert_run(conn: sqlite3.Connection, rid: str, pid: int, status: str = "running") -> None:
-    conn.execute(
-        "INSERT INTO runs (id, status, started_at, started_unix, pid, host, config, config_hash)"
-        " VALUES (?, ?, '2026-01-01T00:00:00Z', ?, ?, ?, '{}', 'h')",
-        (rid, status, time.time(), pid, os.uname().nodename),
-    )
+from .conftest import make_run
+from .test_faults import tmpfs
 
 
 def test_migrations_are_recorded_and_idempotent(db_path: Path) -> None:
@@ -39,7 +34,7 @@ def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
     """Rows put into the writer are visible to another connection within a flush interval,
     before the writer is closed (a crash loses at most that)."""
     conn = store.connect(db_path)
-    _insert_run(conn, "r1", os.getpid())
+    make_run(conn, id="r1", status="running")
     w = store.StoreWriter(db_path, "r1", flush_interval_s=0.2)
     w.start()
     for i in range(50):
@@ -75,7 +70,7 @@ def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
 def test_reader_holding_a_transaction_does_not_fail_the_writer(db_path: Path) -> None:
     """A reader in the middle of a long read transaction (WAL) never blocks the writer."""
     conn = store.connect(db_path)
-    _insert_run(conn, "r1", os.getpid())
+    make_run(conn, id="r1", status="running")
     reader = sqlite3.connect(db_path, isolation_level=None)
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM frames").fetchone()
@@ -106,8 +101,8 @@ def test_orphaned_running_run_is_marked_crashed(db_path: Path) -> None:
     conn = store.connect(db_path)
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    _insert_run(conn, "dead", p.pid)
-    _insert_run(conn, "alive", os.getpid())
+    make_run(conn, id="dead", status="running", pid=p.pid)
+    make_run(conn, id="alive", status="running")
     conn.close()
     conn = store.connect(db_path)
     st = dict(conn.execute("SELECT id, status FROM runs").fetchall())
@@ -139,4 +134,85 @@ def test_read_only_database_is_a_clear_error(db_path: Path) -> None:
     os.chmod(db_path, 0o444)
     with pytest.raises(store.StoreError):
         conn = store.connect(db_path)
-        _insert_run(conn, "x", os.getpid())
+        make_run(conn, id="x", status="running")
+
+
+# --- atomic(): the one transaction helper
+
+
+def _table(db_path: Path) -> sqlite3.Connection:
+    conn = store.connect(db_path)
+    conn.execute("CREATE TABLE t (x TEXT)")
+    return conn
+
+
+def _xs(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT x FROM t ORDER BY rowid")]
+
+
+def test_atomic_nested_rollback_keeps_the_outer_transaction(db_path: Path) -> None:
+    """An exception inside a nested atomic() undoes only the nested block (a savepoint);
+    the outer transaction goes on and commits what it wrote before and after."""
+    conn = _table(db_path)
+    with store.atomic(conn):
+        conn.execute("INSERT INTO t VALUES ('before')")
+        with pytest.raises(ValueError), store.atomic(conn):
+            conn.execute("INSERT INTO t VALUES ('inner')")
+            raise ValueError("inner fails")
+        assert conn.in_transaction
+        conn.execute("INSERT INTO t VALUES ('after')")
+    assert not conn.in_transaction
+    assert _xs(sqlite3.connect(db_path)) == ["before", "after"]
+
+
+def test_atomic_exception_rolls_back_everything_and_propagates(db_path: Path) -> None:
+    """An exception in the outermost atomic() rolls the whole transaction back (inner
+    blocks that succeeded included) and reaches the caller unchanged."""
+    conn = _table(db_path)
+    with pytest.raises(KeyError, match="boom"), store.atomic(conn):
+        conn.execute("INSERT INTO t VALUES ('a')")
+        with store.atomic(conn):
+            conn.execute("INSERT INTO t VALUES ('b')")
+        raise KeyError("boom")
+    assert not conn.in_transaction and _xs(conn) == []
+    with store.atomic(conn):  # the connection is usable again
+        conn.execute("INSERT INTO t VALUES ('c')")
+    assert _xs(conn) == ["c"]
+
+
+def _fill(conn: sqlite3.Connection, nested: bool) -> None:
+    blob = "x" * 50_000
+    with store.atomic(conn):
+        if nested:
+            with store.atomic(conn):
+                conn.executemany("INSERT INTO t VALUES (?)", [(blob,)] * 200)
+        else:
+            conn.executemany("INSERT INTO t VALUES (?)", [(blob,)] * 200)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["outer", "nested"])
+def test_atomic_keeps_the_disk_full_error(db_path: Path, nested: bool) -> None:
+    """SQLITE_FULL rolls the transaction back inside SQLite; atomic() must not replace
+    'database or disk is full' with 'cannot rollback - no transaction is active'."""
+    conn = _table(db_path)
+    conn.execute("INSERT INTO t VALUES ('kept')")
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages + 4}")  # the database cannot grow
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        _fill(conn, nested)
+    assert not conn.in_transaction and _xs(conn) == ["kept"]
+
+
+def test_writer_reports_disk_full_on_a_real_full_filesystem(tmp_path: Path) -> None:
+    """On a real filesystem that fills up (a small tmpfs; needs root) the writer's error
+    says 'disk full', not a failed ROLLBACK."""
+    with tmpfs(tmp_path / "small", "size=256k") as mnt:
+        conn = store.connect(mnt / "soakd.db")
+        make_run(conn, id="r1", status="running")
+        w = store.StoreWriter(mnt / "soakd.db", "r1", flush_interval_s=0.05)
+        w.start()
+        for i in range(20_000):
+            w.put(Event(t=i, wall=0.0, kind="note", message="m" * 200))
+        w.close()
+        conn.close()
+    assert w.error is not None and "disk full" in str(w.error), w.error

@@ -14,6 +14,18 @@ from soakd.errors import ExitCode, SoakdError
 from soakd.store import db as store
 
 DB_HELP = "Run database (default: $STATE_DIRECTORY/soakd.db under systemd, else ./soakd.db)."
+RUN_REF_HELP = "Run id, unique id prefix, baseline:NAME or a baseline name."
+LATEST_MODE_HELP = "--latest picks the newest run of this mode: soak (default), profile or any."
+RUN_MODES = ("soak", "profile")
+
+
+def latest_mode(mode: str) -> str | None:
+    """The ``mode`` argument of ``soakd.store.runs.resolve`` for a --mode value (any: None)."""
+    if mode == "any":
+        return None
+    if mode not in RUN_MODES:
+        raise error(f"--mode: must be one of {', '.join(RUN_MODES)} or any, got {mode!r}")
+    return mode
 
 
 def default_db_path(db: Path | None = None) -> Path:

@@ -9,10 +9,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from soakd.cli.common import DB_HELP, console, error, open_db
+from soakd.cli.common import (
+    DB_HELP,
+    LATEST_MODE_HELP,
+    RUN_REF_HELP,
+    console,
+    error,
+    latest_mode,
+    open_db,
+)
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
-from soakd.store import queries
+from soakd.store import queries, runs
 
 
 def runs_cmd(
@@ -25,7 +33,7 @@ def runs_cmd(
 ) -> None:
     """List runs in the database, newest first."""
     conn = open_db(db)
-    rows = queries.list_runs(conn, limit=limit, mode=mode)
+    rows = runs.list_runs(conn, limit=limit, mode=mode)
     if as_json:
         for r in rows:
             print(json.dumps(r))
@@ -63,8 +71,9 @@ def runs_cmd(
 
 
 def show_cmd(
-    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
     latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
+    mode: Annotated[str, typer.Option(help=LATEST_MODE_HELP)] = "soak",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
 ) -> None:
@@ -73,8 +82,8 @@ def show_cmd(
         raise error("give a RUN_ID or --latest")
     conn = open_db(db)
     try:
-        rid = queries.resolve_run_id(conn, run_id, latest=latest)
-        run = queries.get_run(conn, rid)
+        rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
+        run = runs.get_run(conn, rid).as_dict()
         stages = queries.stage_stats(conn, rid)
         evs = queries.events(
             conn, rid, ("error", "oom", "stall", "source_end", "signal", "crashed", "end")

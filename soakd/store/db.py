@@ -2,7 +2,9 @@
 
 * ``connect(path)`` opens (creating and migrating as needed) a connection in WAL mode with a
   busy timeout, so readers such as ``sqlite-utils query`` never make the run fail, and marks
-  runs left ``running`` by a process that no longer exists as ``crashed``.
+  runs left ``running`` by a process that no longer exists as ``crashed``
+  (``soakd.store.runs.mark_orphaned_runs``).
+* ``atomic(conn)`` is the one transaction helper (nestable: BEGIN IMMEDIATE / SAVEPOINT).
 * ``StoreWriter`` is the one writer thread of a run: records are handed to it through a
   queue and inserted in batches, one transaction per flush, at least every
   ``flush_interval_s`` (a crash loses at most that).
@@ -11,17 +13,19 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import json
-import os
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from soakd.records import SAMPLE_FIELDS, Emission, Event, FrameRecord, Sample
+from soakd.store.runs import mark_orphaned_runs
 from soakd.store.schema import (
     EMISSION_COLUMNS,
     EVENT_COLUMNS,
@@ -35,6 +39,49 @@ BUSY_TIMEOUT_MS = 10_000
 
 class StoreError(RuntimeError):
     """The run database cannot be opened or written (path, permissions, disk full)."""
+
+
+_savepoints = itertools.count(1)
+
+
+def _undo(conn: sqlite3.Connection, *statements: str) -> None:
+    """Roll back after an error without masking it: SQLite may already have rolled the whole
+    transaction back (SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM do), and then there is nothing
+    left to undo and ROLLBACK itself would fail."""
+    if not conn.in_transaction:
+        return
+    try:
+        for sql in statements:
+            conn.execute(sql)
+    except sqlite3.Error:
+        pass
+
+
+@contextmanager
+def atomic(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One transaction around the block, nestable (like sqlite-utils' ``conn``-level
+    transactions): the outermost is ``BEGIN IMMEDIATE`` ... ``COMMIT``, an inner one a
+    ``SAVEPOINT`` that is released, or rolled back to on an exception, leaving the outer
+    transaction going. An exception rolls back and propagates unchanged, even when SQLite
+    already rolled back by itself. Needs a connection opened with ``isolation_level=None``
+    (``connect`` does) or one outside any implicit transaction."""
+    if conn.in_transaction:
+        name = f"soakd_sp{next(_savepoints)}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield conn
+            conn.execute(f"RELEASE {name}")
+        except BaseException:
+            _undo(conn, f"ROLLBACK TO {name}", f"RELEASE {name}")
+            raise
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        _undo(conn, "ROLLBACK")
+        raise
 
 
 def _describe_os_error(path: Path, exc: BaseException) -> str:
@@ -52,18 +99,6 @@ def _describe_os_error(path: Path, exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"{path}: disk full while writing the run database"
     return f"{path}: {msg}"
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def connect(
@@ -103,35 +138,14 @@ def connect(
         conn.execute("PRAGMA foreign_keys=ON")
         migrate(conn)
         if mark_orphans:
-            mark_orphaned_runs(conn)
+            with atomic(conn):
+                mark_orphaned_runs(conn)
     except sqlite3.DatabaseError as exc:
         if "file is not a database" in str(exc):
             raise StoreError(f"{p}: not an SQLite database") from None
         raise StoreError(_describe_os_error(p, exc)) from None
     conn.row_factory = sqlite3.Row
     return conn
-
-
-def mark_orphaned_runs(conn: sqlite3.Connection) -> list[str]:
-    rows = conn.execute("SELECT id, pid, host FROM runs WHERE status = 'running'").fetchall()
-    host = os.uname().nodename
-    orphans = [r[0] for r in rows if r[2] == host and not _pid_alive(r[1])]
-    for rid in orphans:
-        last = conn.execute(
-            "SELECT max(t) FROM (SELECT max(t_capture) AS t FROM frames WHERE run_id = ?"
-            " UNION ALL SELECT max(t) FROM samples WHERE run_id = ?)",
-            (rid, rid),
-        ).fetchone()[0]
-        conn.execute(
-            "UPDATE runs SET status = 'crashed', reason = ?, duration_s = ?, "
-            "verdict = COALESCE(verdict, 'INVALID') WHERE id = ?",
-            ("process ended without closing the run (killed or power loss)", last, rid),
-        )
-        conn.execute(
-            "INSERT INTO events (run_id, t, wall, kind, message) VALUES (?, ?, ?, 'crashed', ?)",
-            (rid, last, time.time(), "found orphaned by a later soakd command"),
-        )
-    return orphans
 
 
 def _json(v: Any) -> str | None:
@@ -284,18 +298,9 @@ class StoreWriter:
         for rec in batch:
             t = type(rec)
             grouped.setdefault(t, []).append(_ROW[t](rid, rec))
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        # atomic keeps the real error when SQLite already rolled back (SQLITE_FULL does)
+        with atomic(conn):
             for t, rows in grouped.items():
                 conn.executemany(_SQL[t], rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            # SQLite may already have rolled back (SQLITE_FULL does): keep the real error
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            raise
         self.rows_written += len(batch)
         self.flushes += 1

@@ -1,4 +1,5 @@
-"""The SQL behind ``soakd profile``, ``sweep``, ``compare`` and ``baseline``.
+"""The SQL behind ``soakd profile``, ``sweep`` and ``compare`` (run rows, run lookup and
+baselines are ``soakd.store.runs``).
 
 Every function takes an open connection (``soakd.store.db.connect``) and returns plain
 Python values or numpy arrays; nothing here interprets the numbers (that is
@@ -7,16 +8,12 @@ Python values or numpy arrays; nothing here interprets the numbers (that is
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from soakd.errors import UsageError
 from soakd.records import STAGE_COLUMNS
 
 _FRAME_VALUE_COLUMNS = frozenset(
@@ -44,96 +41,6 @@ _MEMORY_COLUMNS = frozenset(
         "torch_allocated_bytes",
     )
 )
-
-
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    """The ``runs`` row of one run, with its JSON columns decoded."""
-
-    id: str
-    name: str | None
-    mode: str
-    status: str
-    reason: str | None
-    started_at: str
-    duration_s: float | None
-    workload_kind: str | None
-    fps: float | None
-    config: dict[str, Any]
-    config_hash: str
-    workload: dict[str, Any]
-    summary: dict[str, Any]
-    verdict: str | None
-
-
-def _loads(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return {}
-    return v if isinstance(v, dict) else {}
-
-
-def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
-    """The run with exactly this id, or None."""
-    row = conn.execute(
-        "SELECT id, name, mode, status, reason, started_at, duration_s, workload_kind, fps,"
-        " config, config_hash, workload, summary, verdict FROM runs WHERE id = ?",
-        (run_id,),
-    ).fetchone()
-    if row is None:
-        return None
-    return RunRow(
-        id=row[0],
-        name=row[1],
-        mode=row[2],
-        status=row[3],
-        reason=row[4],
-        started_at=row[5],
-        duration_s=row[6],
-        workload_kind=row[7],
-        fps=row[8],
-        config=_loads(row[9]),
-        config_hash=row[10],
-        workload=_loads(row[11]),
-        summary=_loads(row[12]),
-        verdict=row[13],
-    )
-
-
-def resolve_run(conn: sqlite3.Connection, ref: str) -> str:
-    """A run id from what a person typed: an exact run id, ``baseline:NAME``, a bare baseline
-    name, ``latest``, or a unique prefix of a run id. Raises UsageError naming the problem."""
-    ref = ref.strip()
-    if ref.startswith("baseline:"):
-        name = ref.removeprefix("baseline:")
-        rid = get_baseline(conn, name)
-        if rid is None:
-            raise UsageError(f"{ref}: no baseline named {name!r} (see `soakd baseline list`)")
-        return rid
-    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (ref,)).fetchone():
-        return ref
-    rid = get_baseline(conn, ref)
-    if rid is not None:
-        return rid
-    if ref == "latest":
-        row = conn.execute(
-            "SELECT id FROM runs WHERE mode = 'soak' ORDER BY started_unix DESC LIMIT 1"
-        ).fetchone()
-        if row is None:
-            raise UsageError("latest: the run database holds no soak run yet")
-        return str(row[0])
-    rows = conn.execute(
-        "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 3",
-        (ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
-    ).fetchall()
-    if len(rows) == 1:
-        return str(rows[0][0])
-    if rows:
-        raise UsageError(f"{ref}: ambiguous run id prefix ({', '.join(r[0] for r in rows)}...)")
-    raise UsageError(f"{ref}: no run or baseline with this id or name")
 
 
 def frame_values(
@@ -269,32 +176,3 @@ def emission_intervals(
         (run_id,),
     ).fetchall()
     return np.array([r[0] for r in rows], dtype=np.float64)
-
-
-# --- baselines
-
-
-def set_baseline(conn: sqlite3.Connection, name: str, run_id: str) -> None:
-    """Mark ``run_id`` as the baseline ``name`` (replacing an earlier one of that name)."""
-    conn.execute(
-        "INSERT INTO baselines (name, run_id, created_at) VALUES (?, ?, ?)"
-        " ON CONFLICT(name) DO UPDATE SET run_id = excluded.run_id,"
-        " created_at = excluded.created_at",
-        (name, run_id, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
-    )
-
-
-def get_baseline(conn: sqlite3.Connection, name: str) -> str | None:
-    """The run id of baseline ``name``, or None."""
-    row = conn.execute("SELECT run_id FROM baselines WHERE name = ?", (name,)).fetchone()
-    return None if row is None else str(row[0])
-
-
-def list_baselines(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Every baseline with its run's mode, verdict, workload and start time."""
-    rows = conn.execute(
-        "SELECT b.name, b.run_id, b.created_at, r.mode, r.verdict, r.workload_kind,"
-        " r.started_at FROM baselines b LEFT JOIN runs r ON r.id = b.run_id ORDER BY b.name"
-    ).fetchall()
-    keys = ("name", "run_id", "created_at", "mode", "verdict", "workload_kind", "started_at")
-    return [dict(zip(keys, tuple(r), strict=True)) for r in rows]

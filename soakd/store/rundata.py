@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from soakd.jsonsafe import clean_json
+from soakd.store.db import atomic
+from soakd.store.runs import set_verdict
+
 CHUNK_ROWS = 200_000
-
-
-class RunNotFound(LookupError):
-    """No such run (or no runs at all) in the database."""
 
 
 def _columns(
@@ -147,38 +147,6 @@ def load_emission_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np
     return _columns(conn, sql, (run_id,), EMISSION_FIELDS, _count(conn, "emissions", run_id))
 
 
-def load_run_row(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
-    """The ``runs`` row as a dict; raises RunNotFound."""
-    cur = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,))
-    row = cur.fetchone()
-    if row is None:
-        raise RunNotFound(f"no run {run_id!r} in this database")
-    names = [d[0] for d in cur.description]
-    return dict(zip(names, tuple(row), strict=True))
-
-
-def resolve_run_id(conn: sqlite3.Connection, run_id: str | None, *, latest: bool) -> str:
-    """An exact id, a unique id prefix, or (``latest``) the most recently started run."""
-    if latest or run_id is None:
-        row = conn.execute(
-            "SELECT id FROM runs ORDER BY started_unix DESC, rowid DESC LIMIT 1"
-        ).fetchone()
-        if row is None:
-            raise RunNotFound("no runs in this database")
-        return str(row[0])
-    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
-        return run_id
-    rows = conn.execute(
-        "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' LIMIT 3",
-        (run_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",),
-    ).fetchall()
-    if len(rows) == 1:
-        return str(rows[0][0])
-    if len(rows) > 1:
-        raise RunNotFound(f"run id prefix {run_id!r} is ambiguous")
-    raise RunNotFound(f"no run {run_id!r} in this database")
-
-
 def load_events(
     conn: sqlite3.Connection, run_id: str, limit: int = 200
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -237,7 +205,8 @@ def store_verdict(
     status: str,
     exit_code: int,
 ) -> None:
-    """Replace the run's verdict rows and set runs.verdict / runs.exit_code, atomically.
+    """Replace the run's verdict rows and set runs.verdict / runs.exit_code, atomically
+    (its own transaction, or a savepoint inside the caller's).
 
     Each row has criterion, status, value, threshold, unit, detail and evidence (a JSON-able
     dict)."""
@@ -254,25 +223,14 @@ def store_verdict(
         )
         for r in rows
     ]
-    in_tx = conn.in_transaction
-    if not in_tx:
-        conn.execute("BEGIN IMMEDIATE")
-    try:
+    with atomic(conn):
         conn.execute("DELETE FROM verdicts WHERE run_id = ?", (run_id,))
         conn.executemany(
             "INSERT INTO verdicts (run_id, criterion, status, value, threshold, unit, detail, "
             "evidence) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             params,
         )
-        conn.execute(
-            "UPDATE runs SET verdict = ?, exit_code = ? WHERE id = ?", (status, exit_code, run_id)
-        )
-        if not in_tx:
-            conn.execute("COMMIT")
-    except BaseException:
-        if not in_tx:
-            conn.execute("ROLLBACK")
-        raise
+        set_verdict(conn, run_id, status, exit_code)
 
 
 def load_verdict_rows(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
@@ -301,21 +259,3 @@ def _num(v: Any) -> float | None:
         return None
     f = float(v)
     return f if np.isfinite(f) else None
-
-
-def clean_json(o: Any) -> Any:
-    """A JSON-safe copy: numpy scalars and arrays to Python, NaN/inf to None, unknown
-    objects to str."""
-    if isinstance(o, dict):
-        return {str(k): clean_json(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [clean_json(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return [clean_json(v) for v in o.tolist()]
-    if isinstance(o, np.generic):
-        o = o.item()
-    if isinstance(o, bool) or o is None or isinstance(o, int | str):
-        return o
-    if isinstance(o, float):
-        return o if np.isfinite(o) else None
-    return str(o)

@@ -23,6 +23,7 @@ from soakd.config import Settings
 from soakd.observers.base import Observer
 from soakd.records import STAGES
 from soakd.store import profiling_queries as q
+from soakd.store import runs
 
 SCHEMA = "soakd.profile/1"
 RECOMMEND_FACTOR = 0.6
@@ -170,9 +171,7 @@ def _median(x: np.ndarray) -> float | None:
 def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     """Build the profile of a stored run (any mode: the first frame is set apart, every
     other dispatched frame counts)."""
-    run = q.get_run(conn, run_id)
-    if run is None:
-        raise ValueError(f"{run_id}: no such run")
+    run = runs.get_run(conn, run_id)
     cols = (*tuple(f"{s}_ms" for s in STAGES), "out_tokens", "vision_tokens", "audio_tokens")
     vals = q.frame_values(conn, run_id, cols, profile=True)
     stages = {s: _stat(vals[f"{s}_ms"]) for s in STAGES}

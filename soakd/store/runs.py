@@ -1,0 +1,326 @@
+"""The one owner of ``runs`` rows: open, close, exit code, verdict, orphans, look-ups.
+
+Every other module reads and writes run rows through these functions; nothing outside
+``soakd.store`` writes SQL.
+
+* ``get_run`` / ``find_run`` return a ``RunRow`` (every column, JSON decoded).
+* ``resolve`` is the one resolver of what a person typed: exact id, unique prefix,
+  ``baseline:NAME``, a bare baseline name, ``latest``. "Latest" (``--latest``) always means
+  the newest run of ``mode``: ``"soak"`` unless the caller passes another mode (or None for
+  any mode), so ``show``, ``report`` and ``gate --latest`` name the same run.
+* Baselines are named references to runs and live here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from soakd.errors import UsageError
+
+
+def _utc(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
+def _dumps(v: Any) -> str:
+    return json.dumps(v, default=str, sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """What a run row holds when the run starts."""
+
+    id: str
+    name: str | None
+    mode: str
+    workload_kind: str
+    fps: float | None
+    config: dict[str, Any]
+    config_hash: str
+    workload: dict[str, Any]
+    environment: dict[str, Any]
+
+
+def open_run(conn: sqlite3.Connection, run: NewRun, started_unix: float) -> None:
+    """Insert the run's row with status ``running`` (this process's pid and host)."""
+    conn.execute(
+        "INSERT INTO runs (id, name, mode, status, started_at, started_unix, pid, host,"
+        " workload_kind, fps, config, config_hash, workload, environment)"
+        " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            run.id,
+            run.name,
+            run.mode,
+            _utc(started_unix),
+            started_unix,
+            os.getpid(),
+            os.uname().nodename,
+            run.workload_kind,
+            run.fps,
+            _dumps(run.config),
+            run.config_hash,
+            json.dumps(run.workload, default=str),
+            json.dumps(run.environment, default=str),
+        ),
+    )
+
+
+def close_run(
+    conn: sqlite3.Connection,
+    run_id: str,
+    *,
+    status: str,
+    reason: str | None,
+    ended_unix: float,
+    duration_s: float,
+    summary: dict[str, Any],
+) -> None:
+    """Record how the run ended and its summary counters."""
+    conn.execute(
+        "UPDATE runs SET status = ?, reason = ?, ended_at = ?, duration_s = ?, summary = ?"
+        " WHERE id = ?",
+        (status, reason, _utc(ended_unix), duration_s, json.dumps(summary, default=str), run_id),
+    )
+
+
+def set_exit_code(conn: sqlite3.Connection, run_id: str, exit_code: int) -> None:
+    """The exit code the run's process ended with (the verdict's, or 4 for a soakd bug)."""
+    conn.execute("UPDATE runs SET exit_code = ? WHERE id = ?", (int(exit_code), run_id))
+
+
+# --- reading run rows
+
+
+class RunNotFound(UsageError):
+    """No such run (or no run of the asked mode) in the database."""
+
+
+_JSON_COLUMNS = ("config", "workload", "environment", "summary")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One ``runs`` row: every column, the JSON columns decoded ({} when NULL or unreadable)."""
+
+    id: str
+    name: str | None
+    mode: str
+    status: str
+    reason: str | None
+    started_at: str
+    started_unix: float
+    ended_at: str | None
+    duration_s: float | None
+    pid: int | None
+    host: str | None
+    workload_kind: str | None
+    fps: float | None
+    config: dict[str, Any]
+    config_hash: str
+    workload: dict[str, Any]
+    environment: dict[str, Any]
+    summary: dict[str, Any]
+    verdict: str | None
+    exit_code: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a plain dict (``soakd show --json``, the summary table)."""
+        return {f: getattr(self, f) for f in _RUN_COLUMNS}
+
+
+_RUN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RunRow))
+_SELECT_RUN = f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs"
+
+
+def _loads(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _row(values: Sequence[Any]) -> RunRow:
+    d = dict(zip(_RUN_COLUMNS, tuple(values), strict=True))
+    for k in _JSON_COLUMNS:
+        d[k] = _loads(d[k])
+    return RunRow(**d)
+
+
+def find_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
+    """The run with exactly this id, or None."""
+    row = conn.execute(_SELECT_RUN + " WHERE id = ?", (run_id,)).fetchone()
+    return None if row is None else _row(row)
+
+
+def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
+    """The run with exactly this id; raises RunNotFound (a UsageError, exit 2)."""
+    run = find_run(conn, run_id)
+    if run is None:
+        raise RunNotFound(f"no run {run_id!r} in this database")
+    return run
+
+
+def list_runs(
+    conn: sqlite3.Connection, *, limit: int = 20, mode: str | None = None
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` runs (of ``mode``; None: any) from the ``run_summary`` view."""
+    sql = (
+        "SELECT run_id, name, mode, status, verdict, workload_kind, fps, started_at,"
+        " duration_s, frames, measured_frames, drops, stale, errors FROM run_summary"
+    )
+    args: list[Any] = []
+    if mode:
+        sql += " WHERE mode = ?"
+        args.append(mode)
+    sql += " ORDER BY started_at DESC, run_id DESC LIMIT ?"
+    args.append(limit)
+    return [dict(zip(_SUMMARY_KEYS, tuple(r), strict=True)) for r in conn.execute(sql, args)]
+
+
+_SUMMARY_KEYS = (
+    "run_id",
+    "name",
+    "mode",
+    "status",
+    "verdict",
+    "workload_kind",
+    "fps",
+    "started_at",
+    "duration_s",
+    "frames",
+    "measured_frames",
+    "drops",
+    "stale",
+    "errors",
+)
+
+
+def latest_run_id(conn: sqlite3.Connection, mode: str | None = "soak") -> str:
+    """The id of the most recently started run of ``mode`` (None: of any mode)."""
+    sql = "SELECT id FROM runs"
+    args: tuple[Any, ...] = ()
+    if mode:
+        sql, args = sql + " WHERE mode = ?", (mode,)
+    row = conn.execute(sql + " ORDER BY started_unix DESC, rowid DESC LIMIT 1", args).fetchone()
+    if row is None:
+        raise RunNotFound(f"no {mode} run in this database yet" if mode else "no runs yet")
+    return str(row[0])
+
+
+def resolve(
+    conn: sqlite3.Connection, ref: str | None, *, latest: bool = False, mode: str | None = "soak"
+) -> str:
+    """The run id a person means: ``latest`` (or ``latest=True``, or no ref) is the newest run
+    of ``mode`` ("soak" unless asked otherwise; None: any mode); otherwise an exact run id,
+    ``baseline:NAME``, a bare baseline name, or a unique run id prefix. Raises RunNotFound /
+    UsageError with one line naming the problem."""
+    if latest or ref is None:
+        return latest_run_id(conn, mode)
+    ref = ref.strip()
+    if ref.startswith("baseline:"):
+        name = ref.removeprefix("baseline:")
+        rid = get_baseline(conn, name)
+        if rid is None:
+            raise RunNotFound(f"{ref}: no baseline named {name!r} (see `soakd baseline list`)")
+        return rid
+    if conn.execute("SELECT 1 FROM runs WHERE id = ?", (ref,)).fetchone():
+        return ref
+    rid = get_baseline(conn, ref)
+    if rid is not None:
+        return rid
+    if ref == "latest":
+        return latest_run_id(conn, mode)
+    escaped = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    rows = conn.execute(
+        "SELECT id FROM runs WHERE id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 3", (escaped + "%",)
+    ).fetchall()
+    if len(rows) == 1:
+        return str(rows[0][0])
+    if rows:
+        raise UsageError(f"{ref}: ambiguous run id prefix ({', '.join(r[0] for r in rows)}...)")
+    raise RunNotFound(f"no run {ref!r}: no run or baseline with this id, id prefix or name")
+
+
+# --- updating run rows
+
+
+def set_verdict(conn: sqlite3.Connection, run_id: str, verdict: str, exit_code: int) -> None:
+    """Record the run's verdict and the exit code it maps to."""
+    conn.execute(
+        "UPDATE runs SET verdict = ?, exit_code = ? WHERE id = ?", (verdict, int(exit_code), run_id)
+    )
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_orphaned_runs(conn: sqlite3.Connection) -> list[str]:
+    """Mark runs left ``running`` on this host by a process that is gone as ``crashed``
+    (verdict INVALID unless one was stored) with a ``crashed`` event; returns their ids.
+    The caller holds the transaction (``db.connect`` wraps this in ``atomic``)."""
+    rows = conn.execute("SELECT id, pid, host FROM runs WHERE status = 'running'").fetchall()
+    host = os.uname().nodename
+    orphans = [str(r[0]) for r in rows if r[2] == host and not _pid_alive(r[1])]
+    for rid in orphans:
+        last = conn.execute(
+            "SELECT max(t) FROM (SELECT max(t_capture) AS t FROM frames WHERE run_id = ?"
+            " UNION ALL SELECT max(t) FROM samples WHERE run_id = ?)",
+            (rid, rid),
+        ).fetchone()[0]
+        conn.execute(
+            "UPDATE runs SET status = 'crashed', reason = ?, duration_s = ?, "
+            "verdict = COALESCE(verdict, 'INVALID') WHERE id = ?",
+            ("process ended without closing the run (killed or power loss)", last, rid),
+        )
+        conn.execute(
+            "INSERT INTO events (run_id, t, wall, kind, message) VALUES (?, ?, ?, 'crashed', ?)",
+            (rid, last, time.time(), "found orphaned by a later soakd command"),
+        )
+    return orphans
+
+
+# --- baselines: named references to runs
+
+
+def set_baseline(conn: sqlite3.Connection, name: str, run_id: str) -> None:
+    """Mark ``run_id`` as the baseline ``name`` (replacing an earlier one of that name)."""
+    conn.execute(
+        "INSERT INTO baselines (name, run_id, created_at) VALUES (?, ?, ?)"
+        " ON CONFLICT(name) DO UPDATE SET run_id = excluded.run_id,"
+        " created_at = excluded.created_at",
+        (name, run_id, _utc(time.time())),
+    )
+
+
+def get_baseline(conn: sqlite3.Connection, name: str) -> str | None:
+    """The run id of baseline ``name``, or None."""
+    row = conn.execute("SELECT run_id FROM baselines WHERE name = ?", (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def list_baselines(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every baseline with its run's mode, verdict, workload and start time."""
+    rows = conn.execute(
+        "SELECT b.name, b.run_id, b.created_at, r.mode, r.verdict, r.workload_kind,"
+        " r.started_at FROM baselines b LEFT JOIN runs r ON r.id = b.run_id ORDER BY b.name"
+    ).fetchall()
+    keys = ("name", "run_id", "created_at", "mode", "verdict", "workload_kind", "started_at")
+    return [dict(zip(keys, tuple(r), strict=True)) for r in rows]
