@@ -68,7 +68,3 @@ class FakeClock:
             if deadline_ns > self._now:
                 self._now = deadline_ns
         return True
-
-
-def ns_to_ms(ns: int) -> float:
-    return ns / 1e6

@@ -16,7 +16,7 @@ from soakd.analysis import evaluate, judge_run
 from soakd.report import render
 from soakd.report.svg import HLine, Series, VLine, decimate, line_chart, nice_ticks
 from soakd.store import db as store
-from tests.conftest import soakd_cmd
+from tests.conftest import make_run, soakd_cmd
 
 MIB = 1 << 20
 
@@ -30,11 +30,16 @@ def _make_db(path: Path, *, leak: bool) -> str:
         "workload": {"kind": "synthetic", "device": "cpu"},
         "run": {"warmup_s": 2.0},
     }
-    conn.execute(
-        "INSERT INTO runs (id, status, started_at, started_unix, host, workload_kind, fps, "
-        "config, config_hash, duration_s) VALUES (?, 'completed', '2026-01-01T00:00:00Z', "
-        "1000, 'h', 'synthetic', 10, ?, 'abc', 60)",
-        (rid, json.dumps(cfg)),
+    make_run(
+        conn,
+        id=rid,
+        started_unix=1000,
+        host="h",
+        workload_kind="synthetic",
+        fps=10,
+        config=cfg,
+        config_hash="abc",
+        duration_s=60,
     )
     rng = np.random.default_rng(0)
     rows = []

@@ -24,6 +24,8 @@ from soakd.config import CriteriaSettings, Settings
 from soakd.errors import ExitCode
 from soakd.store import db as store
 
+from .conftest import make_run
+
 MIB = float(1 << 20)
 
 
@@ -313,14 +315,17 @@ def _insert_run(
     config_hash: str = "abc",
     criteria: dict[str, Any] | None = None,
 ) -> None:
-    import json
-
     cfg = {"criteria": criteria or {}, "workload": {"kind": "synthetic"}, "run": {"warmup_s": 1.0}}
-    conn.execute(
-        "INSERT INTO runs (id, status, started_at, started_unix, host, workload_kind, fps, "
-        "config, config_hash, duration_s) VALUES (?, 'completed', '2026', ?, ?, 'synthetic', "
-        "10, ?, ?, 20)",
-        (rid, started, host, json.dumps(cfg), config_hash),
+    make_run(
+        conn,
+        id=rid,
+        started_unix=started,
+        host=host,
+        workload_kind="synthetic",
+        fps=10,
+        config=cfg,
+        config_hash=config_hash,
+        duration_s=20,
     )
     rng = np.random.default_rng(int(started))
     rows = [

@@ -1,26 +1,38 @@
 """Analysis: a run's rows in, a Verdict out.
 
-* ``judge(data, criteria, history) -> Verdict`` is pure (soakd.analysis.verdict).
-* ``evaluate(conn, run_id)`` loads a run, its criteria and history and judges it.
-* ``judge_run(conn, run_id, settings)`` is what the runner calls at the end of every run:
-  evaluate and store the verdict (``verdicts`` rows, ``runs.verdict`` / ``exit_code``).
-* ``format_verdict_table(verdict)`` is the rich renderable printed after a run and by
-  ``soakd gate``.
+The package has a pure core and a thin layer of glue:
+
+* ``model``: the vocabulary: ``RunMeta`` / ``RunData`` in, ``CriterionResult`` /
+  ``Verdict`` out, the status words (``PASS`` ... ``NA``), ``MIB`` and the window rules
+  (``age_window_s``, ``floor_window_s``).
+* ``stats`` (robust statistics), ``verdict`` (``judge(data, criteria, history) -> Verdict``,
+  the criteria) and ``diagnosis`` (plain-language hints): pure, numpy in and dataclasses
+  out. They import only ``model``, ``stats`` and soakd's vocabulary (config, records,
+  errors): no sqlite3, no soakd.store, no rich.
+* ``data``: ``make_run_data(...)`` (RunData from plain arrays) and ``load_run_data(conn,
+  run_id)`` (RunData from the database, through ``soakd.store.rundata``).
+* this module: ``evaluate(conn, run_id)`` loads a run, its criteria and history and judges
+  it; ``judge_run(conn, run_id, settings)`` is what the runner calls at the end of every run:
+  evaluate and store the verdict (``verdicts`` rows, ``runs.verdict`` / ``exit_code``);
+  ``store`` and ``load_history`` are the store-facing halves of that.
+
+Rendering lives in soakd.report: ``soakd.report.console.format_verdict_table`` is the rich
+table printed after a run and by ``soakd gate``; the Markdown, JSON, JUnit and HTML reports
+sit beside it. soakd.analysis never imports soakd.report or rich.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from soakd.analysis.data import RunData, RunMeta, load_run_data, make_run_data
-from soakd.analysis.verdict import CriterionResult, Verdict, judge
+from soakd.analysis.data import load_run_data, make_run_data
+from soakd.analysis.model import CriterionResult, RunData, RunMeta, Verdict
+from soakd.analysis.verdict import judge
 from soakd.config import CriteriaSettings
 from soakd.store import rundata as q
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
     from soakd.config import Settings
 
 __all__ = [
@@ -30,7 +42,6 @@ __all__ = [
     "Verdict",
     "criteria_of",
     "evaluate",
-    "format_verdict_table",
     "judge",
     "judge_run",
     "load_history",
@@ -98,48 +109,3 @@ def judge_run(conn: sqlite3.Connection, run_id: str, settings: Settings | None =
     _, verdict = evaluate(conn, run_id, settings.criteria if settings is not None else None)
     store(conn, verdict)
     return verdict
-
-
-_STYLE = {"pass": "green", "fail": "bold red", "invalid": "bold yellow", "n/a": "dim"}
-_OVERALL = {"PASS": "bold green", "FAIL": "bold red", "INVALID": "bold yellow"}
-
-
-def _fmt(v: float | None, unit: str) -> str:
-    if v is None:
-        return "-"
-    if unit == "fraction":
-        return f"{v:.2%}"
-    return f"{v:.4g}"
-
-
-def format_verdict_table(verdict: Verdict) -> RenderableType:
-    """The verdict as a rich renderable: the criteria table, then warnings and hints."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    st = _OVERALL.get(verdict.status, "bold")
-    table = Table(
-        title=Text(f"{verdict.status}  run {verdict.run_id}", style=st),
-        title_justify="left",
-        expand=False,
-    )
-    for col in ("criterion", "status", "value", "threshold", "unit", "detail"):
-        table.add_column(col, overflow="fold", no_wrap=col != "detail")
-    for c in verdict.criteria:
-        table.add_row(
-            c.criterion,
-            Text(c.status.upper(), style=_STYLE.get(c.status, "")),
-            _fmt(c.value, c.unit),
-            _fmt(c.threshold, c.unit),
-            c.unit,
-            c.detail,
-        )
-    parts: list[Any] = [table]
-    if verdict.status != "PASS":
-        parts.append(Text(f"reason: {verdict.reason}", style=st))
-    for w in verdict.warnings:
-        parts.append(Text(f"warning: {w}", style="yellow"))
-    for h in verdict.hints:
-        parts.append(Text(f"hint: {h}", style="cyan"))
-    return Group(*parts)

@@ -1,87 +1,27 @@
-"""``RunData``: everything the verdict looks at, as numpy columns.
+"""Filling ``RunData`` (defined in soakd.analysis.model): everything the verdict looks at,
+as numpy columns.
 
 ``load_run_data(conn, run_id)`` fills it from the run database (through
 ``soakd.store.rundata``, the only place with SQL); tests build it directly with
 ``make_run_data(...)``. Times are seconds since the run's start, durations milliseconds,
-memory bytes (NaN where the database has NULL).
+memory bytes (NaN where the database has NULL). This is the analysis package's loading
+glue; the pure modules (model, stats, verdict, diagnosis) never import it.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from soakd.analysis.model import RunData, RunMeta
 from soakd.store import rundata as q
+from soakd.store.runs import RunRow, get_run
+
+__all__ = ["RunData", "RunMeta", "load_run_data", "make_run_data"]
 
 _EMPTY = np.empty(0)
-
-
-@dataclass(slots=True)
-class RunMeta:
-    """The ``runs`` row fields the verdict and the reports use."""
-
-    run_id: str
-    status: str = "completed"  # running | completed | aborted | crashed
-    reason: str | None = None
-    name: str | None = None
-    duration_s: float | None = None
-    fps: float | None = None
-    workload_kind: str | None = None
-    shape: str = "staged"  # staged | session | generator: the workload's calling convention
-    device: str | None = None  # workload.device from the config ("cpu", "cuda:0", ...)
-    host: str | None = None
-    config_hash: str = ""
-    started_unix: float = 0.0
-    started_at: str | None = None
-    mode: str = "soak"
-    warmup_s: float | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def is_cuda(self) -> bool:
-        return bool(self.device) and str(self.device).startswith("cuda")
-
-
-@dataclass(slots=True)
-class RunData:
-    """A run's frames (``frames[name]`` arrays named as rundata.FRAME_FIELDS, one element
-    per row ordered by frame_id), telemetry (``samples``: ``t`` and SAMPLE_METRICS),
-    generator emissions (``emissions``), events and error messages."""
-
-    meta: RunMeta
-    frames: dict[str, np.ndarray]
-    samples: dict[str, np.ndarray]
-    emissions: dict[str, np.ndarray]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    event_counts: dict[str, int] = field(default_factory=dict)
-    error_messages: list[tuple[str, int]] = field(default_factory=list)
-
-    @property
-    def n_frames(self) -> int:
-        return len(self.frames["t_capture"])
-
-    def frame(self, name: str) -> np.ndarray:
-        return self.frames.get(name, np.full(self.n_frames, np.nan))
-
-    def sample(self, name: str) -> np.ndarray:
-        return self.samples.get(name, np.full(len(self.samples["t"]), np.nan))
-
-    def warmup_end(self) -> float:
-        """Seconds since start at which the measured window begins."""
-        for e in self.events:
-            if e.get("kind") == "warmup_end" and e.get("t") is not None:
-                return float(e["t"])
-        t = self.frames["t_capture"]
-        if t.size == 0:
-            return 0.0
-        warm = self.frames["warmup"] > 0
-        if (~warm).any():
-            return float(t[~warm].min())
-        return float(t.max())  # every frame is a warm-up frame: nothing measured
 
 
 def make_run_data(
@@ -128,48 +68,39 @@ def make_run_data(
     )
 
 
-def _meta_from_row(row: dict[str, Any]) -> RunMeta:
-    try:
-        config = json.loads(row.get("config") or "{}")
-    except (TypeError, ValueError):
-        config = {}
-    if not isinstance(config, dict):
-        config = {}
+def _meta_from_row(row: RunRow) -> RunMeta:
+    config = row.config  # RunRow decodes JSON ({} when NULL or unreadable)
     wl = config.get("workload") if isinstance(config.get("workload"), dict) else {}
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
     device = wl.get("device") if isinstance(wl, dict) else None
     warm = run.get("warmup_s") if isinstance(run, dict) else None
-    kind = row.get("workload_kind") or (wl.get("kind") if wl else None)
-    try:
-        described = json.loads(row.get("workload") or "{}")
-    except (TypeError, ValueError):
-        described = {}
-    shape = described.get("shape") if isinstance(described, dict) else None
+    kind = row.workload_kind or (wl.get("kind") if wl else None)
+    shape = row.workload.get("shape")
     if shape not in ("staged", "session", "generator"):  # runs stored before "shape" was
         shape = kind if kind in ("session", "generator") else "staged"
     return RunMeta(
-        run_id=str(row["id"]),
-        status=str(row.get("status") or "completed"),
-        reason=row.get("reason"),
-        name=row.get("name"),
-        duration_s=row.get("duration_s"),
-        fps=row.get("fps"),
+        run_id=str(row.id),
+        status=str(row.status or "completed"),
+        reason=row.reason,
+        name=row.name,
+        duration_s=row.duration_s,
+        fps=row.fps,
         workload_kind=kind,
         shape=str(shape),
         device=str(device) if device is not None else None,
-        host=row.get("host"),
-        config_hash=str(row.get("config_hash") or ""),
-        started_unix=float(row.get("started_unix") or 0.0),
-        started_at=row.get("started_at"),
-        mode=str(row.get("mode") or "soak"),
+        host=row.host,
+        config_hash=str(row.config_hash or ""),
+        started_unix=float(row.started_unix or 0.0),
+        started_at=row.started_at,
+        mode=str(row.mode or "soak"),
         warmup_s=float(warm) if isinstance(warm, int | float) else None,
         config=config,
     )
 
 
 def load_run_data(conn: sqlite3.Connection, run_id: str) -> RunData:
-    """Read one run's rows into RunData (raises rundata.RunNotFound)."""
-    meta = _meta_from_row(q.load_run_row(conn, run_id))
+    """Read one run's rows into RunData (raises soakd.store.runs.RunNotFound)."""
+    meta = _meta_from_row(get_run(conn, run_id))
     extra = {"session": ("output_latency_ms", "session_dropped"), "generator": ("first_emit_ms",)}
     frames = q.load_frame_columns(conn, run_id, extra.get(meta.shape, ()))
     samples = q.load_sample_columns(conn, run_id)

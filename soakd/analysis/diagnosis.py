@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from soakd.analysis import stats
-from soakd.analysis.data import RunData
+from soakd.analysis.model import FAIL, PASS, RunData, Verdict, age_window_s
 from soakd.config import CriteriaSettings
 from soakd.records import STAGE_COLUMNS
 
@@ -61,11 +61,8 @@ def recommended_fps(median_total_ms: float) -> tuple[float, float] | None:
     return 0.5 * base, 0.7 * base
 
 
-def diagnose(data: RunData, verdict: object, crit: CriteriaSettings) -> list[str]:
-    """Hints for a judged run (``verdict`` is the soakd.analysis Verdict)."""
-    from soakd.analysis.verdict import Verdict, age_window_s
-
-    assert isinstance(verdict, Verdict)
+def diagnose(data: RunData, verdict: Verdict, crit: CriteriaSettings) -> list[str]:
+    """Hints for a judged run."""
     hints: list[str] = []
     t0, t1 = float(verdict.window["t0"]), float(verdict.window["t1"])
     warm = data.frames["warmup"] > 0
@@ -106,11 +103,8 @@ def _stage_hints(g: dict[str, tuple[bool, float, float]]) -> list[str]:
 
 
 def _rate_hints(
-    data: RunData, g: dict[str, tuple[bool, float, float]], verdict: object
+    data: RunData, g: dict[str, tuple[bool, float, float]], verdict: Verdict
 ) -> list[str]:
-    from soakd.analysis.verdict import Verdict
-
-    assert isinstance(verdict, Verdict)
     if "total_ms" not in g:
         return []
     med_total = g["total_ms"][2]
@@ -120,7 +114,7 @@ def _rate_hints(
     drops = verdict.get("drops")
     too_fast = fps is not None and fps > 0 and med_total > 1000.0 / fps
     above_band = fps is not None and rec is not None and fps > rec[1]
-    drops_failed = drops is not None and drops.status == "fail"
+    drops_failed = drops is not None and drops.status == FAIL
     if rec and (
         (queue_or_age and not _grew(g, "total_ms")) or too_fast or (drops_failed and above_band)
     ):
@@ -151,13 +145,10 @@ def _near(ts: np.ndarray, events: np.ndarray, tol: float) -> float:
 
 
 def _jitter_hints(
-    data: RunData, verdict: object, g: dict[str, tuple[bool, float, float]]
+    data: RunData, verdict: Verdict, g: dict[str, tuple[bool, float, float]]
 ) -> list[str]:
-    from soakd.analysis.verdict import Verdict
-
-    assert isinstance(verdict, Verdict)
     j = verdict.get("jitter")
-    if j is None or j.status not in ("fail", "pass") or not j.evidence.get("tail_frames"):
+    if j is None or j.status not in (FAIL, PASS) or not j.evidence.get("tail_frames"):
         return []
     ev = j.evidence
     hints = []
@@ -172,17 +163,14 @@ def _jitter_hints(
             "long-tail frames fall at irregular positions: contention or memory "
             "pressure more likely than periodic work"
         )
-    if j.status == "fail":
+    if j.status == FAIL:
         others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
         if others_flat and not ev.get("tail_periodic"):
             hints.append(_pressure_or_contention(data, verdict, float(ev["tail_cut_ms"])))
     return hints
 
 
-def _pressure_or_contention(data: RunData, verdict: object, cut: float) -> str:
-    from soakd.analysis.verdict import Verdict
-
-    assert isinstance(verdict, Verdict)
+def _pressure_or_contention(data: RunData, verdict: Verdict, cut: float) -> str:
     t = data.frames["t_capture"]
     y = data.frame("infer_ms")
     tail_t = t[np.isfinite(y) & (y > cut)]
@@ -191,7 +179,7 @@ def _pressure_or_contention(data: RunData, verdict: object, cut: float) -> str:
         c = verdict.get(name)
         if c is not None and c.evidence.get("sawtooth", {}).get("drop_t"):
             drops += c.evidence["sawtooth"]["drop_t"]
-    mem_fail = any(c.status == "fail" for c in verdict.criteria if c.criterion.startswith("memory"))
+    mem_fail = any(c.status == FAIL for c in verdict.criteria if c.criterion.startswith("memory"))
     near = _near(tail_t, np.sort(np.asarray(drops)), 1.0) if drops else 0.0
     if mem_fail or near >= 0.5:
         return (
@@ -212,25 +200,22 @@ def _pressure_or_contention(data: RunData, verdict: object, cut: float) -> str:
     )
 
 
-def _memory_hints(data: RunData, verdict: object) -> list[str]:
-    from soakd.analysis.verdict import Verdict
-
-    assert isinstance(verdict, Verdict)
+def _memory_hints(data: RunData, verdict: Verdict) -> list[str]:
     hints = []
     util = data.sample("gpu_util_pct")
     st = data.samples["t"]
     for c in verdict.criteria:
-        if not c.criterion.startswith("memory") or c.status not in ("pass", "fail"):
+        if not c.criterion.startswith("memory") or c.status not in (PASS, FAIL):
             continue
         saw = c.evidence.get("sawtooth", {})
         n = int(saw.get("drops", 0))
-        if c.status == "fail" and n >= 2:
+        if c.status == FAIL and n >= 2:
             hints.append(
                 f"{c.title}: a leak under an allocator sawtooth ({n} sharp drops of "
                 f"~{saw.get('drop_mb_median', 0):.0f} MB) - the floor still rises "
                 f"{c.value:.3g} MB/min"
             )
-        elif c.status == "fail":
+        elif c.status == FAIL:
             hints.append(f"{c.title}: the floor rises {c.value:.3g} MB/min: a leak")
         elif n >= 2:
             dip = ""

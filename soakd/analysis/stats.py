@@ -14,11 +14,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
-from scipy import stats as sps
 
 Z_POWER_80 = 0.8416212335729143  # one-sided z for 80 % power
+
+
+def scipy_stats() -> ModuleType:
+    """scipy.stats, imported on first use: it costs over a second, and every CLI command
+    imports this module while only judging needs it."""
+    import scipy.stats
+
+    return scipy.stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +175,7 @@ def min_detectable_slope(noise: float, span: float, n_eff: float, alpha: float) 
     (z_{1-α/2} + z_{0.8}) · noise · sqrt(12 / n_eff) / span."""
     if n_eff < 3 or span <= 0 or not math.isfinite(noise):
         return float("inf")
-    z = sps.norm.ppf(1 - alpha / 2) + Z_POWER_80
+    z = scipy_stats().norm.ppf(1 - alpha / 2) + Z_POWER_80
     return float(z * noise * math.sqrt(12.0 / n_eff) / span)
 
 
@@ -179,7 +187,7 @@ def sign_test_p(y: np.ndarray) -> float:
     pos, neg = int((d > 0).sum()), int((d < 0).sum())
     if pos + neg == 0:
         return 1.0
-    return float(sps.binomtest(pos, pos + neg).pvalue)
+    return float(scipy_stats().binomtest(pos, pos + neg).pvalue)
 
 
 def trend(t: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> Trend:
@@ -198,7 +206,7 @@ def trend(t: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> Trend:
         return NO_TREND
     order = np.argsort(t, kind="stable")
     t, y = t[order], y[order]
-    res = sps.theilslopes(y, t)
+    res = scipy_stats().theilslopes(y, t)
     slope, intercept = float(res.slope), float(res.intercept)
     if not math.isfinite(slope):
         slope, intercept = 0.0, float(np.median(y))
@@ -216,7 +224,7 @@ def trend(t: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> Trend:
         z = (s + 1) / math.sqrt(var_s)
     else:
         z = 0.0
-    p_mk = float(2 * sps.norm.sf(abs(z)))
+    p_mk = float(2 * scipy_stats().norm.sf(abs(z)))
     p = min(1.0, 2 * min(p_mk, sign_test_p(y)))
     resid = y - (intercept + slope * t)
     noise = float(1.4826 * np.median(np.abs(resid - np.median(resid))))

@@ -16,24 +16,47 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from soakd.analysis import stats
-from soakd.analysis.data import RunData
+from soakd.analysis.diagnosis import diagnose
+from soakd.analysis.model import (
+    FAIL,
+    INVALID,
+    MIB,
+    NA,
+    OVERALL_FAIL,
+    OVERALL_INVALID,
+    OVERALL_PASS,
+    PASS,
+    CriterionResult,
+    RunData,
+    Verdict,
+    age_window_s,
+    floor_window_s,
+)
 from soakd.config import CriteriaSettings
 from soakd.errors import ExitCode
 
-MIB = float(1 << 20)
+__all__ = [
+    "FAIL",
+    "INVALID",
+    "MIB",
+    "NA",
+    "PASS",
+    "CriterionResult",
+    "Verdict",
+    "age_window_s",
+    "floor_window_s",
+    "judge",
+    "resolve_jitter_k",
+]
+
 DEFAULT_JITTER_K = 5.0  # used when jitter_k = "history" has too little history
 HISTORY_MARGIN = 1.25  # k from history = margin x the largest passing ratio
-MAX_WINDOWS = 400  # trend statistics never see more points than this
-MIN_WINDOWS = 12  # fewer memory-floor windows than this: the window is shortened
-AGE_MIN_WINDOW_S = 0.5
-
-PASS, FAIL, INVALID, NA = "pass", "fail", "invalid", "n/a"
 
 MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("memory_rss", "rss_bytes", "Process RSS"),
@@ -41,63 +64,6 @@ MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("memory_gpu_proc", "gpu_proc_mem_bytes", "This process's GPU memory"),
     ("memory_torch_reserved", "torch_reserved_bytes", "Torch allocator reserved"),
 )
-
-
-@dataclass(slots=True)
-class CriterionResult:
-    """One judged criterion: a ``verdicts`` row."""
-
-    criterion: str
-    title: str
-    status: str  # pass | fail | invalid | n/a
-    value: float | None
-    threshold: float | None
-    unit: str
-    detail: str  # one line, plain language
-    evidence: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def row(self) -> dict[str, Any]:
-        ev = dict(self.evidence)
-        if self.warnings:
-            ev["warnings"] = list(self.warnings)
-        return {
-            "criterion": self.criterion,
-            "status": self.status,
-            "value": self.value,
-            "threshold": self.threshold,
-            "unit": self.unit,
-            "detail": self.detail,
-            "evidence": ev,
-        }
-
-
-@dataclass(slots=True)
-class Verdict:
-    """The judgement of one run. ``status`` is PASS, FAIL or INVALID and ``exit_code`` the
-    matching ExitCode; ``series`` holds window aggregates for the plots (not stored)."""
-
-    run_id: str
-    status: str
-    exit_code: ExitCode
-    reason: str
-    criteria: list[CriterionResult]
-    hints: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    window: dict[str, Any] = field(default_factory=dict)
-    series: dict[str, stats.Windows] = field(default_factory=dict)
-    trends: dict[str, stats.Trend] = field(default_factory=dict)
-
-    def get(self, criterion: str) -> CriterionResult | None:
-        return next((c for c in self.criteria if c.criterion == criterion), None)
-
-    @property
-    def failed(self) -> list[CriterionResult]:
-        return [c for c in self.criteria if c.status == FAIL]
-
-    @property
-    def invalid(self) -> list[CriterionResult]:
-        return [c for c in self.criteria if c.status == INVALID]
 
 
 @dataclass(slots=True)
@@ -129,28 +95,6 @@ def _f(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return x if math.isfinite(x) else None
-
-
-def age_window_s(span: float, fps: float | None) -> float:
-    """Window for per-window medians of frame age / stage times: at least 0.5 s and 10 frames,
-    at most MAX_WINDOWS windows over the run."""
-    w = max(AGE_MIN_WINDOW_S, span / MAX_WINDOWS)
-    if fps and fps > 0:
-        w = max(w, 10.0 / fps)
-    return w
-
-
-def floor_window_s(span: float, configured: float) -> tuple[float, str | None]:
-    """Memory-floor window: the configured one (longer when the run would have more than
-    MAX_WINDOWS), shortened to span/MIN_WINDOWS for short runs, with a warning."""
-    w = max(configured, span / MAX_WINDOWS)
-    if span > 0 and span / w < MIN_WINDOWS:
-        short = span / MIN_WINDOWS
-        return short, (
-            f"floor window shortened from {configured:g} s to {short:.2g} s because the run "
-            f"is short; an allocator sawtooth slower than that can read as growth"
-        )
-    return w, None
 
 
 def _trend_fields(tr: stats.Trend, per: float) -> dict[str, Any]:
@@ -211,42 +155,44 @@ def judge_run_validity(ctx: _Ctx) -> CriterionResult:
     status = INVALID if problems else PASS
     detail = "; ".join(problems) if problems else (f"{dur:.4g} s, {n_meas} post-warm-up frames")
     return CriterionResult(
-        "run", "Run is long and complete enough", status, dur, c.min_duration_s, "s", detail, ev
+        criterion="run",
+        title="Run is long and complete enough",
+        status=status,
+        value=dur,
+        threshold=c.min_duration_s,
+        unit="s",
+        detail=detail,
+        evidence=ev,
     )
 
 
-def judge_drops(ctx: _Ctx) -> CriterionResult:
-    d, c = ctx.data, ctx.crit
-    title = "Drop growth"
-    post = ctx.post
-    if not post.any():
-        return CriterionResult(
-            "drops", title, INVALID, None, c.max_drop_fraction, "fraction", "no post-warm-up frames"
-        )
+def _loss_counters(
+    d: RunData, post: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[float, ...], tuple[float, ...]]:
+    """The cumulative per-row counters ``lost`` (all losses) and ``drop`` (queue drops), and
+    per kind (queue drops, stale skips, drops inside a session model, whose own frame queue
+    loses frames too) the count at the end of the warm-up and the count after it."""
     drop = np.nan_to_num(d.frame("drop_count"))
     stale = np.nan_to_num(d.frame("stale_count"))
-    # a session model drops frames of its own (its frame queue): those are lost frames too
     sess = np.fmax.accumulate(np.nan_to_num(d.frame("session_dropped")))
-    lost_cum = drop + stale + sess
     pre = ~post
-    base_drop = float(drop[pre].max()) if pre.any() else 0.0
-    base_stale = float(stale[pre].max()) if pre.any() else 0.0
-    base_sess = float(sess[pre].max()) if pre.any() else 0.0
-    n_drop = max(float(drop[post].max()) - base_drop, 0.0)
-    n_stale = max(float(stale[post].max()) - base_stale, 0.0)
-    n_sess = max(float(sess[post].max()) - base_sess, 0.0)
-    rows = int(post.sum())
-    captured = rows + n_drop
-    frac = (n_drop + n_stale + n_sess) / captured if captured else 0.0
-    # per-window loss rates
-    t = d.frames["t_capture"][post]
-    w = age_window_s(ctx.span, d.meta.fps)
-    lc = lost_cum[post]
-    dc = drop[post]
-    win = stats.window_reduce(t, lc, w, t0=ctx.t0, t1=ctx.t1, medians=False)
-    dwin = stats.window_reduce(t, dc, w, t0=ctx.t0, t1=ctx.t1, medians=False)
-    prev_lost = base_drop + base_stale + base_sess
-    prev_drop = base_drop
+    base = tuple(float(a[pre].max()) if pre.any() else 0.0 for a in (drop, stale, sess))
+    after = tuple(
+        max(float(a[post].max()) - b, 0.0) for a, b in zip((drop, stale, sess), base, strict=True)
+    )
+    return drop + stale + sess, drop, base, after
+
+
+def _loss_rates(
+    ctx: _Ctx, lost_cum: np.ndarray, drop: np.ndarray, w: float, prev_lost: float, prev_drop: float
+) -> stats.Windows:
+    """Per-window loss rates of the post-warm-up rows: frames lost in a window over frames
+    captured in it (rows + drops), from the cumulative counters ``lost_cum`` / ``drop``
+    (``prev_*``: their values at the end of the warm-up). Floor, median and max all hold the
+    rate."""
+    t = ctx.data.frames["t_capture"][ctx.post]
+    win = stats.window_reduce(t, lost_cum, w, t0=ctx.t0, t1=ctx.t1, medians=False)
+    dwin = stats.window_reduce(t, drop, w, t0=ctx.t0, t1=ctx.t1, medians=False)
     rates = np.full(len(win.t), np.nan)
     for i in range(len(win.t)):
         if win.count[i] == 0:
@@ -256,8 +202,29 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
         cap_i = win.count[i] + max(drop_i, 0.0)
         rates[i] = max(lost_i, 0.0) / cap_i if cap_i else np.nan
         prev_lost, prev_drop = win.max[i], dwin.max[i]
-    ctx.series["drop_rate"] = stats.Windows(win.t, win.count, rates, rates, rates, w)
-    tr = stats.trend(win.t, rates, c.alpha)
+    return stats.Windows(win.t, win.count, rates, rates, rates, w)
+
+
+def judge_drops(ctx: _Ctx) -> CriterionResult:
+    d, c = ctx.data, ctx.crit
+    title = "Drop growth"
+    post = ctx.post
+    if not post.any():
+        return CriterionResult.invalid(
+            "drops",
+            title,
+            threshold=c.max_drop_fraction,
+            unit="fraction",
+            detail="no post-warm-up frames",
+        )
+    lost_cum, drop, base, (n_drop, n_stale, n_sess) = _loss_counters(d, post)
+    rows = int(post.sum())
+    captured = rows + n_drop
+    frac = (n_drop + n_stale + n_sess) / captured if captured else 0.0
+    w = age_window_s(ctx.span, d.meta.fps)
+    rates = _loss_rates(ctx, lost_cum[post], drop[post], w, sum(base), base[0])
+    ctx.series["drop_rate"] = rates
+    tr = stats.trend(rates.t, rates.median, c.alpha)
     ctx.trends["drop_rate"] = tr
     end_rate = tr.intercept + tr.slope * ctx.t1 if math.isfinite(tr.intercept) else None
     accelerating = tr.z > 0 and tr.p < c.alpha and tr.slope > 0
@@ -282,7 +249,14 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
     if accelerating:
         detail += f"; drop rate rising, {end_rate:.1%} by the end" if end_rate else ""
     return CriterionResult(
-        "drops", title, status, frac, c.max_drop_fraction, "fraction", detail, ev
+        criterion="drops",
+        title=title,
+        status=status,
+        value=frac,
+        threshold=c.max_drop_fraction,
+        unit="fraction",
+        detail=detail,
+        evidence=ev,
     )
 
 
@@ -299,28 +273,40 @@ def _generator_intervals(d: RunData, t0: float) -> tuple[np.ndarray, np.ndarray]
     return e["t_emit"][keep], e["interval_ms"][keep]
 
 
+def _age_series(ctx: _Ctx) -> tuple[str, str, str, np.ndarray, np.ndarray]:
+    """(criterion, title, what, t, y) of the age criterion: frame age on the dispatch axis,
+    or a generator's output intervals."""
+    d = ctx.data
+    if d.meta.shape == "generator":
+        t, y = _generator_intervals(d, ctx.t0)
+        return "interval", "Stable output interval", "interval growth", t, y
+    # on the dispatch axis: a backlog's frames are dispatched (and aged) late
+    y = d.frame("frame_age_ms")[ctx.measured]
+    t = d.frames["t_capture"][ctx.measured] + y / 1000.0  # age = dispatch - capture
+    return "frame_age", "Stable frame age", "frame-age growth", t, y
+
+
+def _first_emit_evidence(ctx: _Ctx) -> dict[str, float]:
+    fe = ctx.data.frame("first_emit_ms")[ctx.measured]
+    fe = fe[np.isfinite(fe)]
+    if not fe.size:
+        return {}
+    return {"first_emit_ms_median": float(np.median(fe)), "first_emit_ms_max": float(fe.max())}
+
+
 def judge_frame_age(ctx: _Ctx) -> CriterionResult:
     d, c = ctx.data, ctx.crit
     generator = d.meta.shape == "generator"
-    if generator:
-        name, title, what = "interval", "Stable output interval", "interval growth"
-        t, y = _generator_intervals(d, ctx.t0)
-    else:
-        name, title, what = "frame_age", "Stable frame age", "frame-age growth"
-        # on the dispatch axis: a backlog's frames are dispatched (and aged) late
-        y = d.frame("frame_age_ms")[ctx.measured]
-        t = d.frames["t_capture"][ctx.measured] + y / 1000.0  # age = dispatch - capture
+    name, title, what, t, y = _age_series(ctx)
     ok = np.isfinite(y)
     thr = c.max_age_slope_ms_per_min
     if not ok.any():
-        return CriterionResult(
+        return CriterionResult.invalid(
             name,
             title,
-            INVALID,
-            None,
-            thr,
-            "ms/min",
-            f"no {'intervals' if generator else 'frame ages'} measured",
+            threshold=thr,
+            unit="ms/min",
+            detail=f"no {'intervals' if generator else 'frame ages'} measured",
         )
     t, y = t[ok], y[ok]
     # windows hold ~10 values: of frames for frame age, of intervals for a generator (many
@@ -342,11 +328,7 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
         **_trend_fields(tr, 60.0),
     }
     if generator:
-        fe = d.frame("first_emit_ms")[ctx.measured]
-        fe = fe[np.isfinite(fe)]
-        if fe.size:
-            ev["first_emit_ms_median"] = float(np.median(fe))
-            ev["first_emit_ms_max"] = float(fe.max())
+        ev.update(_first_emit_evidence(ctx))
     warnings = _detectability(ctx, tr, 60.0, thr, what, "ms/min")
     slope = tr.slope * 60
     rising = tr.rising(c.alpha, thr / 60)
@@ -363,7 +345,17 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
         if problems
         else (f"median {med:.4g} ms, slope {slope:+.3g} ms/min (p = {tr.p:.2g})")
     )
-    return CriterionResult(name, title, status, slope, thr, "ms/min", detail, ev, warnings)
+    return CriterionResult(
+        criterion=name,
+        title=title,
+        status=status,
+        value=slope,
+        threshold=thr,
+        unit="ms/min",
+        detail=detail,
+        evidence=ev,
+        warnings=warnings,
+    )
 
 
 def _sawtooth(t: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -425,7 +417,19 @@ def judge_memory(ctx: _Ctx) -> list[CriterionResult]:
             if rising
             else f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
         )
-        out.append(CriterionResult(name, title, status, slope, thr, "MB/min", detail, ev, warnings))
+        out.append(
+            CriterionResult(
+                criterion=name,
+                title=title,
+                status=status,
+                value=slope,
+                threshold=thr,
+                unit="MB/min",
+                detail=detail,
+                evidence=ev,
+                warnings=warnings,
+            )
+        )
     out.append(judge_oom(ctx))
     return out
 
@@ -435,21 +439,21 @@ def _memory_missing(
 ) -> CriterionResult:
     d = ctx.data
     if name == "memory_rss":
-        return CriterionResult(
-            name, title, INVALID, None, thr, "MB/min", "no RSS samples after warm-up"
+        return CriterionResult.invalid(
+            name, title, threshold=thr, unit="MB/min", detail="no RSS samples after warm-up"
         )
     if d.meta.is_cuda and not gpu_any:
-        return CriterionResult(
+        return CriterionResult.invalid(
             name,
             title,
-            INVALID,
-            None,
-            thr,
-            "MB/min",
-            f"CUDA workload ({d.meta.device}) without GPU memory samples",
+            threshold=thr,
+            unit="MB/min",
+            detail=f"CUDA workload ({d.meta.device}) without GPU memory samples",
         )
     why = "GPU not present or not visible" if not gpu_any else f"{col} not reported here"
-    return CriterionResult(name, title, NA, None, thr, "MB/min", f"not applicable: {why}")
+    return CriterionResult.na(
+        name, title, threshold=thr, unit="MB/min", detail=f"not applicable: {why}"
+    )
 
 
 def judge_oom(ctx: _Ctx) -> CriterionResult:
@@ -466,14 +470,14 @@ def judge_oom(ctx: _Ctx) -> CriterionResult:
         else "no out-of-memory errors"
     )
     return CriterionResult(
-        "oom",
-        "No out-of-memory",
-        status,
-        float(n),
-        0.0,
-        "count",
-        detail,
-        {"oom_events": n_events, "torch_ooms_rise": rise},
+        criterion="oom",
+        title="No out-of-memory",
+        status=status,
+        value=float(n),
+        threshold=0.0,
+        unit="count",
+        detail=detail,
+        evidence={"oom_events": n_events, "torch_ooms_rise": rise},
     )
 
 
@@ -517,17 +521,15 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
     src = _jitter_source(ctx)
     if src is None:
         if d.meta.shape == "session":
-            return CriterionResult(
+            return CriterionResult.na(
                 "jitter",
                 title,
-                NA,
-                None,
-                k,
-                "x median",
-                "not applicable: the session model hides its stages",
+                threshold=k,
+                unit="x median",
+                detail="not applicable: the session model hides its stages",
             )
-        return CriterionResult(
-            "jitter", title, INVALID, None, k, "x median", "no infer timings after warm-up"
+        return CriterionResult.invalid(
+            "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"
         )
     col, y, fid = src
     med = float(np.median(y))
@@ -555,15 +557,15 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
     status = FAIL if ratio > k else PASS
     detail = f"{col.removesuffix('_ms')} max {mx:.4g} ms = {ratio:.3g} x median {med:.4g} ms"
     return CriterionResult(
-        "jitter",
-        title,
-        status,
-        ratio if math.isfinite(ratio) else None,
-        k,
-        "x median",
-        detail,
-        ev,
-        warnings,
+        criterion="jitter",
+        title=title,
+        status=status,
+        value=ratio if math.isfinite(ratio) else None,
+        threshold=k,
+        unit="x median",
+        detail=detail,
+        evidence=ev,
+        warnings=warnings,
     )
 
 
@@ -583,15 +585,15 @@ def judge_errors(ctx: _Ctx) -> CriterionResult:
     if n_post and d.error_messages:
         detail += f", e.g. {d.error_messages[0][0][:120]}"
     return CriterionResult(
-        "errors",
-        "Errors",
-        status,
-        float(n_post),
-        float(c.max_errors),
-        "count",
-        detail,
-        ev,
-        warnings,
+        criterion="errors",
+        title="Errors",
+        status=status,
+        value=float(n_post),
+        threshold=float(c.max_errors),
+        unit="count",
+        detail=detail,
+        evidence=ev,
+        warnings=warnings,
     )
 
 
@@ -602,8 +604,6 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
     """Judge a run against ``criteria``. ``history``: jitter ratios (max/median) of earlier
     passing runs of the same config on this host, newest first (used when
     ``jitter_k = "history"``)."""
-    from soakd.analysis.diagnosis import diagnose
-
     t = data.frames["t_capture"]
     t0 = data.warmup_end()
     t1 = float(t.max()) if t.size else t0
@@ -625,16 +625,15 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
     status, code, reason = _overall(results)
     warnings = [w for r in results for w in r.warnings]
     v = Verdict(
-        data.meta.run_id,
-        status,
-        code,
-        reason,
-        results,
-        [],
-        warnings,
-        {"t0": t0, "t1": t1, "measured_frames": int(measured.sum())},
-        ctx.series,
-        ctx.trends,
+        run_id=data.meta.run_id,
+        status=status,
+        exit_code=code,
+        reason=reason,
+        criteria=results,
+        warnings=warnings,
+        window={"t0": t0, "t1": t1, "measured_frames": int(measured.sum())},
+        series=ctx.series,
+        trends=ctx.trends,
     )
     v.hints = diagnose(data, v, criteria)
     return v
@@ -644,7 +643,11 @@ def _overall(results: Sequence[CriterionResult]) -> tuple[str, ExitCode, str]:
     invalid = [r for r in results if r.status == INVALID]
     failed = [r for r in results if r.status == FAIL]
     if invalid:
-        return "INVALID", ExitCode.INVALID, "; ".join(f"{r.criterion}: {r.detail}" for r in invalid)
+        return (
+            OVERALL_INVALID,
+            ExitCode.INVALID,
+            "; ".join(f"{r.criterion}: {r.detail}" for r in invalid),
+        )
     if failed:
-        return "FAIL", ExitCode.FAIL, "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
-    return "PASS", ExitCode.PASS, "every applicable criterion passed"
+        return OVERALL_FAIL, ExitCode.FAIL, "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
+    return OVERALL_PASS, ExitCode.PASS, "every applicable criterion passed"

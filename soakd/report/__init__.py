@@ -1,25 +1,26 @@
 """Reports: a Verdict (and the run's series) to Markdown, JSON, JUnit XML or one offline
-HTML file. ``render(fmt, data, verdict)`` picks the renderer."""
+HTML file. ``render(fmt, data, verdict)`` picks the renderer; ``soakd.report.console``
+renders the verdict table for a terminal.
+
+Reports read soakd.analysis (the model and the window rules) and soakd.jsonsafe, never the
+store: the caller loads and judges the run and hands its RunData and Verdict in."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from soakd.analysis.data import RunData
-from soakd.analysis.verdict import Verdict
+from soakd.analysis.model import RunData, Verdict
+from soakd.report.html import render_html
+from soakd.report.json import render_json
+from soakd.report.junit import render_junit
+from soakd.report.markdown import render_markdown
 
 FORMATS: tuple[str, ...] = ("md", "json", "junit", "html")
 
 
 def render(fmt: str, data: RunData, verdict: Verdict) -> str:
     """Render the report in ``fmt`` (one of FORMATS)."""
-    renderers: dict[str, Callable[[RunData, Verdict], str]]
-    from soakd.report.html import render_html
-    from soakd.report.json import render_json
-    from soakd.report.junit import render_junit
-    from soakd.report.markdown import render_markdown
-
-    renderers = {
+    renderers: dict[str, Callable[[RunData, Verdict], str]] = {
         "md": render_markdown,
         "json": render_json,
         "junit": render_junit,

@@ -17,8 +17,7 @@ import numpy as np
 
 from soakd import __version__
 from soakd.analysis import stats
-from soakd.analysis.data import RunData
-from soakd.analysis.verdict import MIB, Verdict, age_window_s
+from soakd.analysis.model import MIB, RunData, Verdict, age_window_s
 from soakd.records import STAGE_COLUMNS
 from soakd.report.svg import HLine, Series, Span, VLine, line_chart
 

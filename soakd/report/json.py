@@ -10,9 +10,8 @@ import json
 from typing import Any
 
 from soakd import __version__
-from soakd.analysis.data import RunData
-from soakd.analysis.verdict import Verdict
-from soakd.store.rundata import clean_json
+from soakd.analysis.model import RunData, Verdict
+from soakd.jsonsafe import clean_json
 
 SCHEMA = "soakd.verdict/1"
 

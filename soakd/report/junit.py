@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from soakd.analysis.data import RunData
-from soakd.analysis.verdict import Verdict
-from soakd.store.rundata import clean_json
+from soakd.analysis.model import RunData, Verdict
+from soakd.jsonsafe import clean_json
 
 
 def render_junit(data: RunData, verdict: Verdict) -> str:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from soakd.analysis.data import RunData
-from soakd.analysis.verdict import Verdict
+from soakd.analysis.model import RunData, Verdict
 
 _ICON = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "n/a": "➖"}
 _BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}

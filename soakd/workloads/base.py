@@ -24,8 +24,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from soakd.records import Frame, StageOutput
 
-Shape = Literal["staged", "session", "generator"]
-
 
 class WorkloadError(Exception):
     """Raised at build or setup time for a problem the user can fix (bad path, missing
@@ -94,8 +92,8 @@ class GeneratorTimings:
     extra: dict[str, Any] | None = None
 
 
-# emit(n_frames, chunk_ms) is called by the generator each time it hands frames to its
-# output; soakd stamps the time and amortises the chunk over its frames.
+# emit(n) is called by the generator each time it hands a chunk of n frames to its
+# output; soakd stamps the time and amortises the chunk's interval over its n frames.
 EmitFn = Callable[[int], None]
 
 

@@ -1,0 +1,207 @@
+"""The analysis vocabulary: what goes in (``RunMeta``, ``RunData``), what comes out
+(``CriterionResult``, ``Verdict``), the status words and the window rules.
+
+Pure: numpy and soakd's own vocabulary only; no SQL, no rendering. ``verdict.py`` (the
+criteria) and ``diagnosis.py`` (the hints) both build on this module, so neither imports
+the other's types, and the reports read the same classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis.stats import Trend, Windows
+from soakd.errors import ExitCode
+
+#: Status of one criterion.
+PASS, FAIL, INVALID, NA = "pass", "fail", "invalid", "n/a"
+#: Overall status of a verdict (``Verdict.status``).
+OVERALL_PASS, OVERALL_FAIL, OVERALL_INVALID = "PASS", "FAIL", "INVALID"
+
+MIB = float(1 << 20)
+MAX_WINDOWS = 400  # trend statistics never see more points than this
+MIN_WINDOWS = 12  # fewer memory-floor windows than this: the window is shortened
+AGE_MIN_WINDOW_S = 0.5
+
+
+def age_window_s(span: float, fps: float | None) -> float:
+    """Window for per-window medians of frame age / stage times: at least 0.5 s and 10 frames,
+    at most MAX_WINDOWS windows over the run."""
+    w = max(AGE_MIN_WINDOW_S, span / MAX_WINDOWS)
+    if fps and fps > 0:
+        w = max(w, 10.0 / fps)
+    return w
+
+
+def floor_window_s(span: float, configured: float) -> tuple[float, str | None]:
+    """Memory-floor window: the configured one (longer when the run would have more than
+    MAX_WINDOWS), shortened to span/MIN_WINDOWS for short runs, with a warning."""
+    w = max(configured, span / MAX_WINDOWS)
+    if span > 0 and span / w < MIN_WINDOWS:
+        short = span / MIN_WINDOWS
+        return short, (
+            f"floor window shortened from {configured:g} s to {short:.2g} s because the run "
+            f"is short; an allocator sawtooth slower than that can read as growth"
+        )
+    return w, None
+
+
+# --------------------------------------------------------------------------- run data
+
+
+@dataclass(slots=True)
+class RunMeta:
+    """The ``runs`` row fields the verdict and the reports use."""
+
+    run_id: str
+    status: str = "completed"  # running | completed | aborted | crashed
+    reason: str | None = None
+    name: str | None = None
+    duration_s: float | None = None
+    fps: float | None = None
+    workload_kind: str | None = None
+    shape: str = "staged"  # staged | session | generator: the workload's calling convention
+    device: str | None = None  # workload.device from the config ("cpu", "cuda:0", ...)
+    host: str | None = None
+    config_hash: str = ""
+    started_unix: float = 0.0
+    started_at: str | None = None
+    mode: str = "soak"
+    warmup_s: float | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        return bool(self.device) and str(self.device).startswith("cuda")
+
+
+@dataclass(slots=True)
+class RunData:
+    """A run's frames (``frames[name]`` arrays named as rundata.FRAME_FIELDS, one element
+    per row ordered by frame_id), telemetry (``samples``: ``t`` and SAMPLE_METRICS),
+    generator emissions (``emissions``), events and error messages."""
+
+    meta: RunMeta
+    frames: dict[str, np.ndarray]
+    samples: dict[str, np.ndarray]
+    emissions: dict[str, np.ndarray]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    event_counts: dict[str, int] = field(default_factory=dict)
+    error_messages: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def n_frames(self) -> int:
+        return len(self.frames["t_capture"])
+
+    def frame(self, name: str) -> np.ndarray:
+        return self.frames.get(name, np.full(self.n_frames, np.nan))
+
+    def sample(self, name: str) -> np.ndarray:
+        return self.samples.get(name, np.full(len(self.samples["t"]), np.nan))
+
+    def warmup_end(self) -> float:
+        """Seconds since start at which the measured window begins."""
+        for e in self.events:
+            if e.get("kind") == "warmup_end" and e.get("t") is not None:
+                return float(e["t"])
+        t = self.frames["t_capture"]
+        if t.size == 0:
+            return 0.0
+        warm = self.frames["warmup"] > 0
+        if (~warm).any():
+            return float(t[~warm].min())
+        return float(t.max())  # every frame is a warm-up frame: nothing measured
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+@dataclass(slots=True, kw_only=True)
+class CriterionResult:
+    """One judged criterion: a ``verdicts`` row. Build it with keywords or with
+    ``passed`` / ``failed`` / ``invalid`` / ``na``."""
+
+    criterion: str
+    title: str
+    status: str  # pass | fail | invalid | n/a
+    value: float | None
+    threshold: float | None
+    unit: str
+    detail: str  # one line, plain language
+    evidence: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def invalid(
+        cls, criterion: str, title: str, *, threshold: float | None, unit: str, detail: str
+    ) -> CriterionResult:
+        """INVALID: the criterion has nothing to judge (no value, no evidence)."""
+        return cls(
+            criterion=criterion,
+            title=title,
+            status=INVALID,
+            value=None,
+            threshold=threshold,
+            unit=unit,
+            detail=detail,
+        )
+
+    @classmethod
+    def na(
+        cls, criterion: str, title: str, *, threshold: float | None, unit: str, detail: str
+    ) -> CriterionResult:
+        """n/a: the criterion cannot apply here (no GPU, a session that hides its stages)."""
+        return cls(
+            criterion=criterion,
+            title=title,
+            status=NA,
+            value=None,
+            threshold=threshold,
+            unit=unit,
+            detail=detail,
+        )
+
+    def row(self) -> dict[str, Any]:
+        ev = dict(self.evidence)
+        if self.warnings:
+            ev["warnings"] = list(self.warnings)
+        return {
+            "criterion": self.criterion,
+            "status": self.status,
+            "value": self.value,
+            "threshold": self.threshold,
+            "unit": self.unit,
+            "detail": self.detail,
+            "evidence": ev,
+        }
+
+
+@dataclass(slots=True, kw_only=True)
+class Verdict:
+    """The judgement of one run. ``status`` is PASS, FAIL or INVALID and ``exit_code`` the
+    matching ExitCode; ``series`` holds window aggregates for the plots (not stored)."""
+
+    run_id: str
+    status: str
+    exit_code: ExitCode
+    reason: str
+    criteria: list[CriterionResult]
+    hints: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    window: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, Windows] = field(default_factory=dict)
+    trends: dict[str, Trend] = field(default_factory=dict)
+
+    def get(self, criterion: str) -> CriterionResult | None:
+        return next((c for c in self.criteria if c.criterion == criterion), None)
+
+    @property
+    def failed(self) -> list[CriterionResult]:
+        return [c for c in self.criteria if c.status == FAIL]
+
+    @property
+    def invalid(self) -> list[CriterionResult]:
+        return [c for c in self.criteria if c.status == INVALID]
