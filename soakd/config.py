@@ -1,15 +1,17 @@
 """Validated, immutable settings.
 
 One place merges the layers: embedded defaults < TOML file < ``--set`` overrides < flags.
-Everything is checked before anything starts: unknown keys, wrong types and out-of-range
-values raise ``ConfigError`` with a one-line message naming the key path, e.g.
-``run.fps: must be > 0, got -2`` (the CLI turns that into exit code 2).
+Everything is checked before anything starts: unknown keys, wrong types, out-of-range
+values and non-finite floats (NaN, infinity) raise ``ConfigError`` with a one-line message
+naming the key path, e.g. ``run.fps: must be > 0, got -2`` (the CLI turns that into exit
+code 2).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import tomllib
@@ -28,6 +30,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 
 class ConfigError(ValueError):
@@ -40,23 +43,32 @@ _DURATION_RE = re.compile(
 )
 
 
+def _finite(seconds: float, value: Any) -> float:
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite number, got {value!r}")
+    return seconds
+
+
 def parse_duration(value: Any) -> float:
-    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"250ms"``, ``90`` or ``"90"`` -> seconds."""
+    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"250ms"``, ``90`` or ``"90"`` -> seconds.
+    NaN and infinity (``"inf"``, ``1e400``) are refused with ``ValueError``."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as '10m' or 600, got {value!r}")
     if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        s = value.strip()
-        try:
-            return float(s)
-        except ValueError:
-            pass
+        return _finite(float(value), value)
+    bad = ValueError(f"expected a duration such as '10m', '90s' or 600, got {value!r}")
+    if not isinstance(value, str):
+        raise bad
+    s = value.strip()
+    try:
+        seconds = float(s)
+    except ValueError:
         m = _DURATION_RE.match(s)
-        if m and any(m.groups()):
-            h, mi, sec, ms = (float(g) if g else 0.0 for g in m.groups())
-            return h * 3600 + mi * 60 + sec + ms / 1000
-    raise ValueError(f"expected a duration such as '10m', '90s' or 600, got {value!r}")
+        if not (m and any(m.groups())):
+            raise bad from None
+        h, mi, sec, ms = (float(g) if g else 0.0 for g in m.groups())
+        seconds = h * 3600 + mi * 60 + sec + ms / 1000
+    return _finite(seconds, value)
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -79,7 +91,9 @@ FactoryRef = Annotated[str, AfterValidator(_check_factory)]  # "package.module:f
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float of every section refuses NaN and +-infinity (also
+    # given as strings or TOML nan/inf literals): "must be a finite number, got nan"
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunSettings(_Section):
@@ -352,6 +366,19 @@ class Settings(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys -> values (``{"run.fps": 2.0, ...}``); see ``flatten``."""
+        return flatten(self.to_dict())
+
+    def with_value(self, path: str, value: Any) -> Settings:
+        """A validated copy with the dotted key ``path`` set to ``value``, exactly as
+        ``--set path=value`` sets it (a new workload ``kind`` replaces the table);
+        ``ConfigError`` with the one-line message naming the key path when refused."""
+        keys = _key_path(path)
+        if keys is None:
+            raise ConfigError(f"{path}: expected section.key")
+        return _validate(_merge_value(self.to_dict(), keys, value))
+
     def config_hash(self) -> str:
         """A hash of everything that changes what is measured: all sections but the run's
         name, duration and db, and the service settings. Runs with the same hash are
@@ -375,6 +402,18 @@ class Settings(_Section):
 
 # ---------------------------------------------------------------------------------------
 # Loading and merging
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> {"dotted.key": leaf}. Empty tables are kept as leaves."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
 
 
 def default_toml_text() -> str:
@@ -402,14 +441,20 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
     if "=" not in expr:
         raise ConfigError(f"--set {expr}: expected section.key=value")
     key, raw = expr.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
-    if len(path) < 2:
+    path = _key_path(key)
+    if path is None:
         raise ConfigError(f"--set {expr}: expected section.key=value")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
     return path, value
+
+
+def _key_path(key: str) -> list[str] | None:
+    """``"section.key"`` -> ``["section", "key"]``; None unless at least two parts."""
+    path = [p for p in key.strip().split(".") if p]
+    return path if len(path) >= 2 else None
 
 
 def _set_path(d: dict[str, Any], path: list[str], value: Any) -> None:
@@ -423,6 +468,13 @@ def _set_path(d: dict[str, Any], path: list[str], value: Any) -> None:
     cur[path[-1]] = value
 
 
+def _merge_value(data: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """``data`` with the key at ``path`` set to ``value``, merged like ``--set``."""
+    nested: dict[str, Any] = {}
+    _set_path(nested, path, value)
+    return _deep_merge(data, nested)
+
+
 _PHRASES = (
     (r"^Input should be greater than or equal to ", "must be >= "),
     (r"^Input should be greater than ", "must be > "),
@@ -432,11 +484,24 @@ _PHRASES = (
 )
 
 
+# a union member's tag in an error's location: float | Literal["history"] -> "float", ...
+_UNION_TAG = re.compile(r"float|int|str|bool|none|literal\[.*\]")
+
+
+def _key_loc(e: ErrorDetails) -> list[str]:
+    """An error's location as key path parts, without pydantic's union/tag parts
+    ("function-wrap[...]", model names, union members such as "float")."""
+    loc = [str(p) for p in e["loc"]]
+    return [
+        p
+        for p in loc
+        if not p.startswith("function-") and not p[:1].isupper() and not _UNION_TAG.fullmatch(p)
+    ]
+
+
 def _format_error(err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = [str(p) for p in e["loc"]]
-    # drop pydantic's union/tag path parts ("function-wrap[...]", model names)
-    loc = [p for p in loc if not p.startswith("function-") and not p[:1].isupper()]
+    loc = _key_loc(e)
     msg = e["msg"]
     msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
     # nested "key: message" raised by our own validators
@@ -453,7 +518,8 @@ def _format_error(err: ValidationError) -> str:
     elif "input" in e and e["type"] not in ("value_error",) and not isinstance(e["input"], dict):
         msg = f"{msg[:1].lower()}{msg[1:]}, got {e['input']!r}"
     path = ".".join(loc) or "config"
-    more = len(err.errors()) - 1
+    # the members of one union failing on one key are one problem
+    more = len({tuple(_key_loc(x)) for x in err.errors()} - {tuple(_key_loc(e))})
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     return f"{path}: {msg}{suffix}"
 
@@ -482,15 +548,14 @@ def load_settings(
         data = _deep_merge(data, file_data)
     for expr in overrides:
         keys, value = parse_set(expr)
-        nested: dict[str, Any] = {}
-        _set_path(nested, keys, value)
-        data = _deep_merge(data, nested)
+        data = _merge_value(data, keys, value)
     for dotted, value in (flags or {}).items():
-        if value is None:
-            continue
-        nested = {}
-        _set_path(nested, dotted.split("."), value)
-        data = _deep_merge(data, nested)
+        if value is not None:
+            data = _merge_value(data, dotted.split("."), value)
+    return _validate(data)
+
+
+def _validate(data: dict[str, Any]) -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

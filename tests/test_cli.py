@@ -9,8 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import typer
 
-from .conftest import soakd_cmd
+from soakd.cli.output import write_output
+
+from .conftest import run_cli, soakd_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -138,3 +141,66 @@ def test_the_readme_main_job_runs_the_embedded_default(tmp_path: Path) -> None:
     assert (kind, status) == ("tiny-vlm", "completed") and verdict in ("PASS", "FAIL")
     ((n, tokens),) = conn.execute("SELECT count(*), min(out_tokens) FROM measured_frames")
     assert n >= 5 and tokens == 8
+
+
+# --- write_output: stdout or a file
+
+
+def test_write_output_into_a_missing_folder_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file in a folder that does not exist is a usage error: exit 2, one line naming the
+    path and the reason, nothing written."""
+    target = tmp_path / "nope" / "out.md"
+    with pytest.raises(typer.Exit) as info:
+        write_output("text", target)
+    assert info.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"soakd: error: {target}: cannot write: folder {target.parent} does not exist"
+    ]
+    assert not target.parent.exists()
+
+
+def test_write_output_unwritable_path_names_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path that cannot be written (here: a folder) is exit 2 with the OS's reason."""
+    with pytest.raises(typer.Exit) as info:
+        write_output("text", tmp_path)
+    assert info.value.exit_code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"soakd: error: {tmp_path}: cannot write: ") and "directory" in line
+
+
+def test_write_output_stdout_is_newline_terminated_and_files_are_as_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On stdout the text ends with exactly one newline; a file gets the text unchanged."""
+    write_output("a", None)
+    write_output("b\n", None)
+    assert capsys.readouterr().out == "a\nb\n"
+    write_output("c", tmp_path / "c.txt")
+    assert (tmp_path / "c.txt").read_text() == "c"
+
+
+def test_sweep_output_into_a_missing_folder_exits_2(tmp_path: Path) -> None:
+    """`soakd sweep -o MISSING/x.md` exits 2 with one line on stderr."""
+    target = tmp_path / "missing" / "x.md"
+    p = run_cli(
+        "sweep",
+        "--vary",
+        "workload.infer_ms=1",
+        "--frames",
+        "2",
+        "--set",
+        "workload.kind=synthetic",
+        "--db",
+        str(tmp_path / "x.db"),
+        "-o",
+        str(target),
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"soakd: error: {target}: cannot write: folder {target.parent} does not exist"
+    ]

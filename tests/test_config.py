@@ -5,13 +5,25 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
 
-from soakd.config import ConfigError, load_settings, parse_duration, parse_set
+from soakd.config import (
+    ConfigError,
+    Settings,
+    flatten,
+    load_settings,
+    parse_duration,
+    parse_set,
+)
+
+from .conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +53,7 @@ def test_every_shipped_config_validates(path: Path) -> None:
     ("overrides", "message"),
     [
         (["run.fps=-2"], "run.fps: must be > 0, got -2"),
+        (["run.fps=0"], "run.fps: must be > 0, got 0"),
         (["run.fpss=2"], "run.fpss: unknown key"),
         (["run.consume=sideways"], "run.consume: must be 'newest' or 'oldest', got 'sideways'"),
         (["run.sample_interval_ms=20"], "run.sample_interval_ms: must be >= 50, got 20"),
@@ -92,7 +105,7 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
 def test_settings_are_immutable() -> None:
     """Validated settings cannot be changed after the fact."""
     s = load_settings()
-    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen-instance error
+    with pytest.raises(ValidationError, match="Instance is frozen"):
         s.run.fps = 3  # type: ignore[misc]
 
 
@@ -165,3 +178,135 @@ def test_default_toml_documents_every_key() -> None:
     for line in text.splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
             assert "#" in line, f"undocumented key: {line}"
+
+
+# --- floats must be finite
+
+
+def _has_float(tp: Any) -> bool:
+    return tp is float or any(_has_float(a) for a in typing.get_args(tp))
+
+
+def _float_fields() -> list[tuple[str, list[str]]]:
+    """(dotted key, overrides that select its section's model) for every float field of
+    every section model reachable from Settings (each workload kind included), discovered
+    from the models so that a new float field is covered without touching this test."""
+    out: list[tuple[str, list[str]]] = []
+    for section, info in Settings.model_fields.items():
+        models = [info.annotation, *typing.get_args(info.annotation)]
+        for model in models:
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            base: list[str] = []
+            if "kind" in model.model_fields and section == "workload":
+                base.append(f"{section}.kind={model.model_fields['kind'].default!r}")
+                # required keys (hf: model_path) get a value valid as a path and a factory
+                base += [
+                    f"{section}.{k}='pkg.mod:fn'"
+                    for k, f in model.model_fields.items()
+                    if f.is_required() and k != "kind"
+                ]
+            for name, field in model.model_fields.items():
+                if _has_float(field.annotation):
+                    out.append((f"{section}.{name}", base))
+    return out
+
+
+FLOAT_FIELDS = _float_fields()
+
+
+def test_float_field_discovery_finds_every_section() -> None:
+    """The discovery sees floats of every section with floats, durations and optionals."""
+    keys = {k for k, _ in FLOAT_FIELDS}
+    assert {"run.fps", "run.duration", "run.max_age_ms", "source.open_timeout_s"} <= keys
+    assert {"audio.freq_hz", "criteria.jitter_k", "service.metrics_linger_s"} <= keys
+    assert {"workload.spike_ms", "workload.poll_timeout_s", "workload.video_fps"} <= keys
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize(("key", "base"), FLOAT_FIELDS, ids=[k for k, _ in FLOAT_FIELDS])
+def test_every_float_setting_refuses_nan_and_infinity(
+    key: str, base: list[str], value: str
+) -> None:
+    """NaN and +-infinity (TOML literals through --set) are refused for every float setting
+    with one line naming the key path."""
+    load_settings(overrides=base)  # the section itself is valid
+    with pytest.raises(ConfigError) as info:
+        load_settings(overrides=[*base, f"{key}={value}"])
+    assert str(info.value) == f"{key}: must be a finite number, got {value}"
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ['run.fps="nan"', 'run.duration="inf"', "run.warmup_s=Infinity", "run.stall_timeout_s=1e400"],
+)
+def test_nan_and_infinity_given_as_strings_are_refused(expr: str) -> None:
+    """Strings that read as NaN or infinity (quoted, bare, overflowing) are refused too."""
+    key = expr.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: must be a finite number, got "):
+        load_settings(overrides=[expr])
+
+
+def test_toml_nan_and_inf_literals_in_a_file_are_refused(tmp_path: Path) -> None:
+    """A config file's TOML nan/inf literals are refused like --set values."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[criteria]\njitter_k = nan\n")
+    with pytest.raises(ConfigError, match=r"^criteria\.jitter_k: must be a finite number"):
+        load_settings(cfg)
+    cfg.write_text("[run]\nduration = inf\n")
+    with pytest.raises(ConfigError, match=r"^run\.duration: must be a finite number, got inf$"):
+        load_settings(cfg)
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "Infinity", 1e400, float("nan")])
+def test_parse_duration_refuses_nan_and_infinity(text: str | float) -> None:
+    """A duration is a finite number of seconds."""
+    with pytest.raises(ValueError, match="must be a finite number"):
+        parse_duration(text)
+
+
+def test_cli_nan_criterion_exit_code_2(tmp_path: Path) -> None:
+    """`soakd run --set criteria.jitter_k=nan` exits 2 with one line on stderr."""
+    p = run_cli("run", "--set", "criteria.jitter_k=nan", "--db", str(tmp_path / "x.db"))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "soakd: error: criteria.jitter_k: must be a finite number, got nan"
+    ]
+    assert not (tmp_path / "x.db").exists()
+
+
+# --- Settings.with_value and Settings.flat
+
+
+def test_with_value_is_set_with_the_same_message() -> None:
+    """with_value sets one dotted key exactly as --set does, with the same one-line error."""
+    s = load_settings()
+    assert s.with_value("run.fps", 3).run.fps == 3.0
+    assert s.with_value("run.duration", "2m").run.duration == 120.0
+    assert s.run.fps == 2.0  # a copy: the original is unchanged
+    for key, value in [("run.fps", -2), ("run.fpss", 2), ("criteria.jitter_k", float("nan"))]:
+        with pytest.raises(ConfigError) as via_set:
+            load_settings(overrides=[f"{key}={value}"])
+        with pytest.raises(ConfigError) as via_value:
+            s.with_value(key, value)
+        assert str(via_value.value) == str(via_set.value)
+    with pytest.raises(ConfigError, match=r"expected section\.key"):
+        s.with_value("fps", 3)
+
+
+def test_with_value_of_another_workload_kind_replaces_the_table() -> None:
+    """A new workload kind starts from that kind's defaults, as with --set."""
+    s = load_settings().with_value("workload.kind", "synthetic")
+    assert s == load_settings(overrides=["workload.kind=synthetic"])
+    s = s.with_value("workload.infer_ms", 7)
+    assert s.workload.infer_ms == 7  # type: ignore[union-attr]
+
+
+def test_flat_is_the_dotted_keys_of_the_settings() -> None:
+    """flat() maps each dotted key to its value; empty tables stay leaves."""
+    s = load_settings(overrides=["workload.kind=generator"])
+    flat = s.flat()
+    assert flat["run.fps"] == 2.0 and flat["workload.kind"] == "generator"
+    assert flat["workload.options"] == {}
+    assert flat == flatten(s.to_dict())
+    assert flatten({"a": {"b": {"c": 1}}, "d": {}}) == {"a.b.c": 1, "d": {}}

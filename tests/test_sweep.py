@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from soakd.config import ConfigError, Settings
 from soakd.records import Frame, StageOutput
-from soakd.studies.sweep import apply_override, check_key, find_knee, parse_vary, sweep
+from soakd.studies.sweep import check_key, find_knee, parse_vary, sweep
 from soakd.workloads.base import WorkloadError
 from tests.test_compare import md_tables_consistent
 
@@ -77,16 +77,16 @@ def test_a_step_after_steady_growth_is_the_knee(n_before: int, jump: float, base
 # --- overrides
 
 
-def test_apply_override_revalidates_and_check_key_rejects_unknown(
+def test_with_value_revalidates_and_check_key_rejects_unknown(
     synthetic: Callable[..., Settings],
 ) -> None:
     """A value is applied like --set and re-validated; unknown keys and bad values raise
     ConfigError with the key named."""
     s = synthetic()
-    assert apply_override(s, "workload.infer_ms", 7).workload.infer_ms == 7  # type: ignore[union-attr]
-    assert apply_override(s, "run.fps", 3).run.fps == 3
+    assert s.with_value("workload.infer_ms", 7).workload.infer_ms == 7  # type: ignore[union-attr]
+    assert s.with_value("run.fps", 3).run.fps == 3
     with pytest.raises(ConfigError, match=r"workload\.infer_ms"):
-        apply_override(s, "workload.infer_ms", -1)
+        s.with_value("workload.infer_ms", -1)
     with pytest.raises(ConfigError, match="unknown key"):
         check_key(s, "workload.nope")
     check_key(s, "workload.infer_ms")
@@ -97,6 +97,18 @@ def test_apply_override_revalidates_and_check_key_rejects_unknown(
     assert parse_vary("workload.prompt=hi,'a b'")[1] == ["hi", "a b"]
     with pytest.raises(ConfigError, match="expected KEY="):
         parse_vary("workload.short_side")
+
+
+def test_check_key_accepts_keys_inside_options_tables() -> None:
+    """Any key inside a free-form ``options`` table may be varied (empty or filled); other
+    unknown keys may not."""
+    empty = Settings().with_value("workload.kind", "generator")
+    check_key(empty, "workload.options.steps")
+    filled = empty.with_value("workload.options.steps", 4)
+    assert filled.workload.options == {"steps": 4}  # type: ignore[union-attr]
+    check_key(filled, "workload.options.other")
+    with pytest.raises(ConfigError, match=r"--vary workload\.nope\.steps: unknown key"):
+        check_key(filled, "workload.nope.steps")
 
 
 # --- end to end with a workload whose infer time steps up past a known size

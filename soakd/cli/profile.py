@@ -16,9 +16,11 @@ from typing import Annotated, Any
 import typer
 
 from soakd.cli.common import DB_HELP, console, error, open_db
+from soakd.cli.output import write_output
 from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
 from soakd.observers.logs import configure_logging
+from soakd.store import runs
 
 CONFIG_ARG = typer.Argument(help="TOML config (default: embedded).")
 SET_HELP = "Override a key: section.key=value (repeatable)."
@@ -31,16 +33,6 @@ def _settings(config: Path | None, overrides: list[str] | None, db: Path | None)
         )
     except ConfigError as exc:
         raise error(str(exc)) from None
-
-
-def _write(text: str, out: Path | None) -> None:
-    if out is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise error(f"{out}: cannot write: {exc.strerror or exc}") from None
 
 
 def profile_cmd(
@@ -61,7 +53,7 @@ def profile_cmd(
         result = profile(settings, frames=frames)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    _write(result.to_json() if as_json else result.to_markdown(), None)
+    write_output(result.to_json() if as_json else result.to_markdown(), None)
     raise typer.Exit(int(ExitCode.PASS if result.theoretical_fps else ExitCode.INVALID))
 
 
@@ -122,9 +114,9 @@ def sweep_cmd(
         raise error(str(exc)) from None
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    _write(result.to_json() if fmt == "json" else result.to_markdown(), out)
+    write_output(result.to_json() if fmt == "json" else result.to_markdown(), out)
     if plot is not None:
-        _write(result.to_svg(), plot)
+        write_output(result.to_svg(), plot)
     ok = any(p.status == "ok" for p in result.points)
     raise typer.Exit(int(ExitCode.PASS if ok else ExitCode.INVALID))
 
@@ -146,14 +138,13 @@ def compare_cmd(
     """Compare two runs (or a run and a baseline): config diff, stage and frame-age
     statistics, drops, memory floor slopes and criteria, each with its change and whether it
     is beyond noise. Exit code: 0, 1 regression (with --fail-on-regression), 2 usage error."""
-    from soakd.store.profiling_queries import resolve_run
     from soakd.studies.compare import compare
 
     if not 0 < alpha < 0.5:
         raise error(f"--alpha: must be between 0 and 0.5, got {alpha}")
     conn = open_db(db)
     try:
-        a, b = resolve_run(conn, run_a), resolve_run(conn, run_b)
+        a, b = runs.resolve(conn, run_a), runs.resolve(conn, run_b)
         comp = compare(conn, a, b, alpha=alpha)
         reg = (
             comp.regression(metric, fail_on_regression) if fail_on_regression is not None else None
@@ -171,12 +162,12 @@ def compare_cmd(
                 "failed": reg.failed,
                 "message": reg.message,
             }
-        _write(json.dumps(d, indent=2, default=str), None)
+        write_output(json.dumps(d, indent=2, default=str), None)
     else:
         text = comp.to_markdown()
         if reg is not None:
             text += f"\n**{reg.message}**\n"
-        _write(text, None)
+        write_output(text, None)
     if reg is not None and reg.failed:
         print(f"soakd: {reg.message}", file=sys.stderr)
         raise typer.Exit(int(ExitCode.FAIL))
@@ -189,19 +180,17 @@ baseline_app = typer.Typer(
 
 @baseline_app.command("set")
 def baseline_set_cmd(
-    run_id: Annotated[str, typer.Argument(help="Run id or unique prefix.")],
+    run_id: Annotated[str, typer.Argument(help="Run id, unique prefix, or latest (soak).")],
     name: Annotated[str, typer.Option(help="Baseline name.")] = "default",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Mark RUN_ID as the baseline NAME (replacing an earlier one of that name)."""
-    from soakd.store import profiling_queries as q
-
     if not name or name.startswith("baseline:") or any(c.isspace() for c in name):
         raise error(f"--name {name!r}: a baseline name is one word without 'baseline:'")
     conn = open_db(db)
     try:
-        rid = q.resolve_run(conn, run_id)
-        q.set_baseline(conn, name, rid)
+        rid = runs.resolve(conn, run_id)
+        runs.set_baseline(conn, name, rid)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
     finally:
@@ -215,11 +204,9 @@ def baseline_list_cmd(
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """List the baselines: name, run, when it was marked, the run's verdict."""
-    from soakd.store import profiling_queries as q
-
     conn = open_db(db)
     try:
-        rows = q.list_baselines(conn)
+        rows = runs.list_baselines(conn)
     finally:
         conn.close()
     if as_json:

@@ -9,13 +9,23 @@ time here (e.g. one that crashed before its verdict) gets its verdict stored.
 from __future__ import annotations
 
 import sqlite3
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from soakd.cli.common import DB_HELP, console, error, open_db
+from soakd.cli.common import (
+    DB_HELP,
+    LATEST_MODE_HELP,
+    RUN_REF_HELP,
+    console,
+    error,
+    latest_mode,
+    open_db,
+)
+from soakd.cli.output import write_output
+from soakd.errors import SoakdError
+from soakd.store import runs
 
 if TYPE_CHECKING:
     from soakd.analysis import RunData, Verdict
@@ -24,19 +34,18 @@ FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/1), junit (CI), ht
 
 
 def _evaluate(
-    conn: sqlite3.Connection, run_id: str | None, latest: bool
+    conn: sqlite3.Connection, run_id: str | None, latest: bool, mode: str = "soak"
 ) -> tuple[RunData, Verdict]:
     from soakd.analysis import evaluate, store
-    from soakd.store.rundata import RunNotFound, resolve_run_id
 
     if run_id is None and not latest:
         raise error("give a RUN_ID or --latest")
     try:
-        rid = resolve_run_id(conn, run_id, latest=latest)
-    except RunNotFound as exc:
-        raise error(str(exc)) from None
+        rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
+    except SoakdError as exc:
+        raise error(str(exc), exc.exit_code) from None
     data, verdict = evaluate(conn, rid)
-    stored = conn.execute("SELECT verdict FROM runs WHERE id = ?", (rid,)).fetchone()[0]
+    stored = runs.get_run(conn, rid).verdict
     if stored is None and data.meta.status != "running":
         store(conn, verdict)
     elif stored is not None and stored != verdict.status:
@@ -49,8 +58,9 @@ def _evaluate(
 
 
 def report_cmd(
-    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="The newest run.")] = False,
+    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
+    mode: Annotated[str, typer.Option(help=LATEST_MODE_HELP)] = "soak",
     fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "md",
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
@@ -69,32 +79,27 @@ def report_cmd(
         raise error(f"{output}: folder {output.parent} does not exist")
     conn = open_db(db)
     try:
-        data, verdict = _evaluate(conn, run_id, latest)
+        data, verdict = _evaluate(conn, run_id, latest, mode)
         text = render(fmt, data, verdict)
     finally:
         conn.close()
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise error(f"{output}: cannot write the report: {exc.strerror}") from None
+    write_output(text, output)
 
 
 def gate_cmd(
-    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="The newest run.")] = False,
+    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
+    mode: Annotated[str, typer.Option(help=LATEST_MODE_HELP)] = "soak",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID
     (2 usage error, 4 internal error). The release-gate step."""
 
-    from soakd.analysis import format_verdict_table
+    from soakd.report.console import format_verdict_table
 
     conn = open_db(db)
     try:
-        _, verdict = _evaluate(conn, run_id, latest)
+        _, verdict = _evaluate(conn, run_id, latest, mode)
     finally:
         conn.close()
     console().print(format_verdict_table(verdict))

@@ -26,15 +26,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
-from soakd.analysis.stats import window_reduce
+from soakd.analysis.stats import scipy_stats, window_reduce
+from soakd.config import flatten
 from soakd.errors import UsageError
 from soakd.records import STAGE_COLUMNS
 from soakd.store import profiling_queries as q
+from soakd.store import runs
+from soakd.store.runs import RunRow
 
 SCHEMA = "soakd.compare/1"
-DEFAULT_METRIC = "total_ms.p50"
 IGNORED_KEYS: tuple[str, ...] = ("run.name", "run.db", "run.duration", "run.log_every")
 IGNORED_SECTIONS: tuple[str, ...] = ("service",)
 MEMORY_COLUMNS: tuple[str, ...] = (
@@ -166,18 +167,6 @@ class Comparison:
 # --- building a comparison
 
 
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mapping -> {"dotted.key": leaf}. Empty tables are kept as leaves."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[ConfigChange]:
     """Keys whose value differs between two resolved configs (missing = None)."""
     fa, fb = flatten(a), flatten(b)
@@ -200,12 +189,8 @@ def compare(
     min_effect_pct: float = 5.0,
     seed: int = 0,
 ) -> Comparison:
-    """Compare two stored runs (ids as stored; see ``profiling_queries.resolve_run``)."""
-    ra, rb = q.get_run(conn, run_a), q.get_run(conn, run_b)
-    for ref, row in ((run_a, ra), (run_b, rb)):
-        if row is None:
-            raise UsageError(f"{ref}: no such run in the database")
-    assert ra is not None and rb is not None
+    """Compare two stored runs (ids as stored; see ``soakd.store.runs.resolve``)."""
+    ra, rb = runs.get_run(conn, run_a), runs.get_run(conn, run_b)
     rng = np.random.default_rng(seed)
     fa, fb = _load_frames(conn, ra), _load_frames(conn, rb)
     metrics = _stage_metrics(fa, fb, alpha, min_effect_pct, rng)
@@ -230,12 +215,12 @@ def compare(
 _FRAME_COLS = (*STAGE_COLUMNS, "frame_age_ms")
 
 
-def _load_frames(conn: sqlite3.Connection, run: q.RunRow) -> dict[str, np.ndarray]:
+def _load_frames(conn: sqlite3.Connection, run: RunRow) -> dict[str, np.ndarray]:
     vals = q.frame_values(conn, run.id, _FRAME_COLS, profile=run.mode == "profile")
     return {k: v[np.isfinite(v)] for k, v in vals.items()}
 
 
-def _brief(run: q.RunRow, frames: Mapping[str, np.ndarray]) -> RunBrief:
+def _brief(run: RunRow, frames: Mapping[str, np.ndarray]) -> RunBrief:
     n = max((len(v) for v in frames.values()), default=0)
     return RunBrief(
         id=run.id,
@@ -251,7 +236,7 @@ def _brief(run: q.RunRow, frames: Mapping[str, np.ndarray]) -> RunBrief:
 
 
 def _warnings(
-    diff: Sequence[ConfigChange], ra: q.RunRow, rb: q.RunRow, briefs: Sequence[RunBrief]
+    diff: Sequence[ConfigChange], ra: RunRow, rb: RunRow, briefs: Sequence[RunBrief]
 ) -> list[str]:
     out = []
     if len(diff) > 1:
@@ -311,7 +296,7 @@ def _mannwhitney(a: np.ndarray, b: np.ndarray) -> float | None:
         return None
     if np.ptp(np.concatenate([a, b])) == 0:
         return 1.0
-    return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    return float(scipy_stats().mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
 def _bootstrap_p95(
@@ -404,7 +389,7 @@ def _stage_metrics(
     return rows
 
 
-def _drop_metric(conn: sqlite3.Connection, ra: q.RunRow, rb: q.RunRow, alpha: float) -> MetricRow:
+def _drop_metric(conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float) -> MetricRow:
     ca, cb = q.frame_counts(conn, ra.id), q.frame_counts(conn, rb.id)
 
     def lost_kept(c: Mapping[str, int]) -> tuple[int, int]:
@@ -415,7 +400,7 @@ def _drop_metric(conn: sqlite3.Connection, ra: q.RunRow, rb: q.RunRow, alpha: fl
     fb = lb / (lb + kb) if lb + kb else None
     p = None
     if fa is not None and fb is not None:
-        p = float(stats.fisher_exact([[la, ka], [lb, kb]], alternative="two-sided").pvalue)
+        p = float(scipy_stats().fisher_exact([[la, ka], [lb, kb]], alternative="two-sided").pvalue)
     return _row(
         "drop_fraction", "fraction", fa, fb, FISHER, p, None if p is None else p < alpha, None
     )
@@ -431,12 +416,12 @@ def floor_slope(
     wt, wf = w.t[ok], w.floor[ok]
     if wt.size < 3:
         return None
-    slope, _icpt, lo, hi = stats.theilslopes(wf / _MB, wt / 60.0, alpha=1 - alpha)
+    slope, _icpt, lo, hi = scipy_stats().theilslopes(wf / _MB, wt / 60.0, alpha=1 - alpha)
     return float(slope), float(lo), float(hi)
 
 
 def _memory_metrics(
-    conn: sqlite3.Connection, ra: q.RunRow, rb: q.RunRow, alpha: float
+    conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float
 ) -> list[MetricRow]:
     rows = []
     fits = {}
@@ -467,18 +452,18 @@ def _memory_metrics(
 
 def _stream_metrics(
     conn: sqlite3.Connection,
-    ra: q.RunRow,
-    rb: q.RunRow,
+    ra: RunRow,
+    rb: RunRow,
     alpha: float,
     min_effect: float,
     rng: np.random.Generator,
 ) -> list[MetricRow]:
-    def first_emit(r: q.RunRow) -> np.ndarray:
+    def first_emit(r: RunRow) -> np.ndarray:
         v = q.frame_values(conn, r.id, ("first_emit_ms",), profile=r.mode == "profile")
         x = v["first_emit_ms"]
         return x[np.isfinite(x)]
 
-    def intervals(r: q.RunRow) -> np.ndarray:
+    def intervals(r: RunRow) -> np.ndarray:
         return q.emission_intervals(conn, r.id, profile=r.mode == "profile")
 
     rows = _distribution_rows(

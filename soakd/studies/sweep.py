@@ -22,10 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from soakd.config import ConfigError, Settings, load_settings, parse_set
+from soakd.config import ConfigError, Settings, parse_set
 from soakd.errors import SoakdError
 from soakd.observers.base import Observer
-from soakd.studies.compare import flatten
 from soakd.studies.profiling import ProfileResult, profile
 from soakd.workloads.base import WorkloadError
 
@@ -99,36 +98,17 @@ def parse_vary(spec: str) -> tuple[str, list[Any]]:
 def check_key(settings: Settings, key: str) -> None:
     """Raise ConfigError unless ``key`` names a setting (or a key inside a free-form
     ``options`` table)."""
-    data = settings.to_dict()
-    flat = flatten(data)
+    flat = settings.flat()
     if key in flat:
         return
     parent = key.rsplit(".", 1)[0]
-    if parent.endswith(".options") or parent == "options":
-        node: Any = data
-        for p in parent.split("."):
-            node = node.get(p) if isinstance(node, Mapping) else None
-        if isinstance(node, Mapping):
-            return
+    # an empty table is a leaf of its own; a filled one shows as its dotted keys
+    in_options = isinstance(flat.get(parent), Mapping) or any(
+        k.startswith(parent + ".") for k in flat
+    )
+    if (parent.endswith(".options") or parent == "options") and in_options:
+        return
     raise ConfigError(f"--vary {key}: unknown key")
-
-
-def apply_override(settings: Settings, key: str, value: Any) -> Settings:
-    """``settings`` with ``key`` set to ``value``, re-validated (ConfigError when rejected)."""
-    data = settings.to_dict()
-    if key == "workload.kind":
-        data["workload"] = {"kind": value}
-    else:
-        node = data
-        path = key.split(".")
-        for p in path[:-1]:
-            nxt = node.get(p)
-            if not isinstance(nxt, dict):
-                nxt = {}
-                node[p] = nxt
-            node = nxt
-        node[path[-1]] = value
-    return load_settings(flags=data)
 
 
 # --- the sweep
@@ -266,7 +246,7 @@ def run_point(
 ) -> SweepPoint:
     """Profile one value; any rejection becomes a ``rejected`` point with its reason."""
     try:
-        s = apply_override(settings, key, value)
+        s = settings.with_value(key, value)
     except ConfigError as exc:
         return SweepPoint(value=value, status="rejected", reason=_one_line(exc))
     try:
@@ -352,7 +332,7 @@ def sweep(
         usable = before[-1].value if before else None
     fixed = {
         k: v
-        for k, v in flatten(settings.to_dict()).items()
+        for k, v in settings.flat().items()
         if k.split(".")[-1] in ("prompt", "max_new_tokens", "num_beams") and k != key
     }
     return SweepResult(
