@@ -1,10 +1,8 @@
-"""``soakd run``, ``soakd runs``, ``soakd show``."""
+"""``soakd run``: parse the options, serve one soak, print how it ended."""
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,16 +10,18 @@ import typer
 from rich.console import Console
 
 from soakd.cli.common import DB_HELP, console, error
-from soakd.config import ConfigError, load_settings, parse_duration
+from soakd.config import ConfigError, Settings, load_settings, parse_duration
 from soakd.errors import ExitCode, SoakdError
-from soakd.observers.base import Observer
+from soakd.observers.base import Observer, RunResult
 from soakd.observers.display import LiveDisplay, summary_table
 from soakd.observers.logs import FrameLogObserver, configure_logging
-from soakd.service.signals import abort_reason, install_signal_handlers
-from soakd.store import queries
+from soakd.report.console import format_verdict_table
+from soakd.service.serve import serve
+from soakd.store import db as store
+from soakd.store import queries, runs
 
 
-def _settings(config: Path | None, overrides: list[str], flags: dict[str, Any]) -> Any:
+def _settings(config: Path | None, overrides: list[str], flags: dict[str, Any]) -> Settings:
     try:
         return load_settings(config, overrides=overrides, flags=flags)
     except ConfigError as exc:
@@ -37,26 +37,9 @@ def _duration(v: str | None) -> float | None:
         raise error(f"--duration: {exc}") from None
 
 
-def _observers(settings: Any, *, live: bool, log_every: int) -> list[Observer]:
-    obs: list[Observer] = []
-    if live:
-        obs.append(LiveDisplay())
-    else:
-        obs.append(FrameLogObserver(log_every))
-    if settings.service.notify and os.environ.get("NOTIFY_SOCKET"):
-        from soakd.observers.systemd import SystemdObserver
-
-        sd = SystemdObserver.from_env()
-        if sd is not None:
-            obs.append(sd)
-    if settings.service.metrics_addr:
-        from soakd.observers.metrics import open_metrics
-
-        try:
-            obs.append(open_metrics(settings.service.metrics_addr))
-        except SoakdError as exc:
-            raise error(str(exc), exc.exit_code) from None
-    return obs
+def _display(*, live: bool, log_every: int) -> Observer:
+    """What a person or a log reads: the live display on a terminal, else log lines."""
+    return LiveDisplay() if live else FrameLogObserver(log_every)
 
 
 def run_cmd(
@@ -103,33 +86,14 @@ def run_cmd(
     raise typer.Exit(execute_run(settings, live=use_live))
 
 
-def execute_run(settings: Any, *, live: bool) -> int:
-    from soakd.run.runner import Run
-
-    con = console()
-    observers = _observers(settings, live=live, log_every=settings.run.log_every)
-    stop = threading.Event()
+def execute_run(settings: Settings, *, live: bool) -> int:
+    """``soakd run`` after parsing: serve one soak, print its end, return the exit code."""
     try:
-        run = Run(settings, observers=observers, stop=stop)
+        result = serve(settings, observers=[_display(live=live, log_every=settings.run.log_every)])
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-
-    def on_signal(signum: int) -> None:
-        run.request_stop(abort_reason(signum))
-
-    handlers = None
-    if threading.current_thread() is threading.main_thread():
-        # a first SIGTERM/SIGINT stops the run cleanly; a second one forces the exit
-        handlers = install_signal_handlers(on_signal)
     try:
-        result = run.execute()
-    except SoakdError as exc:
-        raise error(str(exc), exc.exit_code) from None
-    finally:
-        if handlers is not None:
-            handlers.restore()
-    try:
-        _print_end(con, settings, result)
+        _print_end(console(), settings, result)
     except Exception as exc:  # the run is stored; only the summary print failed
         print(f"soakd: warning: cannot print the run summary: {exc}", file=sys.stderr)
     if result.exit_code == ExitCode.INTERNAL:
@@ -140,12 +104,10 @@ def execute_run(settings: Any, *, live: bool) -> int:
     return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)
 
 
-def _print_end(con: Console, settings: Any, result: Any) -> None:
-    from soakd.store import db as store
-
+def _print_end(con: Console, settings: Settings, result: RunResult) -> None:
     conn = store.connect(settings.resolved_db())
     try:
-        run = queries.get_run(conn, result.run_id)
+        run = runs.get_run(conn, result.run_id).as_dict()
         con.print(summary_table(run, queries.stage_stats(conn, result.run_id)))
         s = result.summary
         con.print(
@@ -157,12 +119,7 @@ def _print_end(con: Console, settings: Any, result: Any) -> None:
     finally:
         conn.close()
     if result.verdict is not None:
-        try:
-            from soakd.analysis import format_verdict_table
-
-            con.print(format_verdict_table(result.verdict))
-        except ImportError:
-            con.print(f"verdict: {result.verdict.status}")
+        con.print(format_verdict_table(result.verdict))
 
 
 def register(app: typer.Typer) -> None:

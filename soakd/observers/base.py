@@ -8,14 +8,19 @@ The runner calls every hook from its own threads; a hook must be quick and must 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from soakd.records import Event, FrameRecord, Sample
 
 if TYPE_CHECKING:
     from soakd.config import Settings
+
+log = structlog.get_logger("soakd.observers")
 
 
 @dataclass(slots=True)
@@ -75,3 +80,58 @@ class Observer:
     def on_stopping(self, reason: str) -> None: ...
     def on_run_end(self, result: RunResult) -> None: ...
     def close(self) -> None: ...
+
+
+class Observers(Observer):
+    """Fans hooks out to observers; one that raises is logged once and dropped."""
+
+    def __init__(self, observers: Iterable[Observer]) -> None:
+        self._obs: list[Observer] = list(observers)
+
+    def _call(self, name: str, *args: Any) -> None:
+        for o in list(self._obs):
+            try:
+                getattr(o, name)(*args)
+            except Exception as exc:
+                log.warning(
+                    "observer failed; dropped",
+                    observer=type(o).__name__,
+                    hook=name,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                self._obs.remove(o)
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self._call("on_run_start", info)
+
+    def on_loading(self, message: str, extend_s: float) -> None:
+        self._call("on_loading", message, extend_s)
+
+    def on_ready(self) -> None:
+        self._call("on_ready")
+
+    def on_frame(self, rec: FrameRecord) -> None:
+        for o in self._obs:
+            try:
+                o.on_frame(rec)
+            except Exception:
+                self._call("on_frame", rec)  # slow path: find and drop the culprit
+                return
+
+    def on_sample(self, sample: Sample) -> None:
+        self._call("on_sample", sample)
+
+    def on_event(self, event: Event) -> None:
+        self._call("on_event", event)
+
+    def on_progress(self, progress: Progress) -> None:
+        self._call("on_progress", progress)
+
+    def on_stopping(self, reason: str) -> None:
+        self._call("on_stopping", reason)
+
+    def on_run_end(self, result: RunResult) -> None:
+        self._call("on_run_end", result)
+
+    def close(self) -> None:
+        self._call("close")

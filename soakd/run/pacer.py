@@ -100,3 +100,50 @@ class Pacer:
                 k += 1
         except BaseException as exc:  # the source ended or failed: the runner decides
             self.on_end(exc)
+
+
+class UnpacedGrab:
+    """The unpaced feed of a profile: the driver calls it for each frame, back to back.
+
+    Stream time advances one frame period per frame, and each frame brings the audio the
+    stream produces in that period, so windows over stream time see the stream at ``fps``.
+    A source that ends or fails is reported to ``on_end`` and the error re-raised, which ends
+    the driver.
+    """
+
+    def __init__(
+        self,
+        read: ReadFn,
+        *,
+        fps: float,
+        clock: Clock,
+        on_end: Callable[[BaseException], None],
+        audio: Any = None,
+        audio_rate: int | None = None,
+    ) -> None:
+        self.read = read
+        self.period_ns = round(1e9 / fps)
+        self.clock = clock
+        self.on_end = on_end
+        self.audio = audio
+        self.audio_rate = audio_rate or 0
+        self.captured = 0
+
+    def _audio_chunk(self, k: int) -> np.ndarray | None:
+        if self.audio is None:
+            return None
+        per = self.audio_rate * self.period_ns
+        return self.audio.read(int((k + 1) * per // 1_000_000_000 - k * per // 1_000_000_000))
+
+    def __call__(self) -> Frame:
+        k, now = self.captured, self.clock.now_ns
+        t = now()
+        try:
+            image, ts = self.read()
+        except BaseException as exc:
+            self.on_end(exc)
+            raise
+        done = now()
+        frame = Frame(k, t, done, done - t, image, self._audio_chunk(k), ts, k * self.period_ns)
+        self.captured += 1
+        return frame

@@ -1,8 +1,8 @@
-"""The soak loop: wire source, pacer, queue, workload driver, sampler, store and observers,
-run for the configured duration (or frame budget), then close the run and judge it.
+"""A run is a stack of components: build them, start them in order, monitor, stop them in
+reverse, close the run row, judge.
 
 Threads (all named, stoppable, joined in reverse start order): ``soakd-store`` (writer),
-``soakd-sampler``, ``soakd-pacer`` (producer), ``soakd-driver`` (consumer, calls the model).
+``soakd-sampler``, ``soakd-driver`` (consumer, calls the model), ``soakd-pacer`` (producer).
 The calling thread is the monitor: it ends the run on duration, frame budget, stall, source
 end, store failure or a stop request (signals), and publishes a progress snapshot each
 second to the observers (live display, logs, sd_notify, Prometheus).
@@ -10,32 +10,44 @@ second to the observers (live display, logs, sd_notify, Prometheus).
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import secrets
-import statistics
+import sqlite3
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
+from soakd.analysis import judge_run
+from soakd.analysis.model import Verdict
 from soakd.clock import Clock, MonotonicClock
 from soakd.config import Settings
 from soakd.environment import collect as collect_environment
-from soakd.errors import ExitCode, SoakdError, UsageError
-from soakd.observers.base import Observer, Progress, RunInfo, RunResult
-from soakd.records import STAGES, Emission, Event, Frame, FrameRecord, Sample
+from soakd.errors import SoakdError, UsageError
+from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResult
+from soakd.records import STAGES, Emission, Event, FrameRecord, Sample
 from soakd.run.drivers import Counters, DriverContext, get_driver
-from soakd.run.pacer import Pacer
+from soakd.run.outcome import Outcome, exit_code
+from soakd.run.pacer import Pacer, UnpacedGrab
+from soakd.run.progress import Rolling
 from soakd.run.queue import FrameQueue
+from soakd.sources import open_source
+from soakd.sources.audio import make_audio_source
+from soakd.sources.base import Source
 from soakd.store import db as store
-from soakd.workloads.base import WorkloadContext, WorkloadError
+from soakd.store import runs
+from soakd.telemetry.probes import default_probes
+from soakd.telemetry.sampler import Sampler
+from soakd.workloads.base import Workload, WorkloadContext, WorkloadError
+from soakd.workloads.registry import build_workload
 
 log = structlog.get_logger("soakd.run.runner")
+
+#: events that are also logged as warnings
+_WARN_EVENTS = ("error", "oom", "stall", "source_end", "signal", "sampler_crashed")
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -44,105 +56,70 @@ def new_run_id(now: float | None = None) -> str:
     return time.strftime("%Y%m%dT%H%M%S", t) + "-" + secrets.token_hex(3)
 
 
-class Observers(Observer):
-    """Fans hooks out to observers; one that raises is logged once and dropped."""
+class Component(Protocol):
+    """A part of the run's stack: started in order, stopped in reverse."""
 
-    def __init__(self, observers: Iterable[Observer]) -> None:
-        self._obs: list[Observer] = list(observers)
-
-    def _call(self, name: str, *args: Any) -> None:
-        for o in list(self._obs):
-            try:
-                getattr(o, name)(*args)
-            except Exception as exc:
-                log.warning(
-                    "observer failed; dropped",
-                    observer=type(o).__name__,
-                    hook=name,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                self._obs.remove(o)
-
-    def on_run_start(self, info: RunInfo) -> None:
-        self._call("on_run_start", info)
-
-    def on_loading(self, message: str, extend_s: float) -> None:
-        self._call("on_loading", message, extend_s)
-
-    def on_ready(self) -> None:
-        self._call("on_ready")
-
-    def on_frame(self, rec: FrameRecord) -> None:
-        for o in self._obs:
-            try:
-                o.on_frame(rec)
-            except Exception:
-                self._call("on_frame", rec)  # slow path: find and drop the culprit
-                return
-
-    def on_sample(self, sample: Sample) -> None:
-        self._call("on_sample", sample)
-
-    def on_event(self, event: Event) -> None:
-        self._call("on_event", event)
-
-    def on_progress(self, progress: Progress) -> None:
-        self._call("on_progress", progress)
-
-    def on_stopping(self, reason: str) -> None:
-        self._call("on_stopping", reason)
-
-    def on_run_end(self, result: RunResult) -> None:
-        self._call("on_run_end", result)
-
-    def close(self) -> None:
-        self._call("close")
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
 
 
-class _Rolling:
-    """Recent per-stage values for the once-a-second progress snapshot (bounded)."""
+class _Feed:
+    """The paced feed: the pacer and its queue, stopped together (the driver then sees the
+    queue closed and returns)."""
 
-    def __init__(self, n: int = 128) -> None:
-        self.vals = {k: deque[float](maxlen=n) for k in (*STAGES, "age")}
-        self.done_times: deque[float] = deque(maxlen=4096)
+    def __init__(self, pacer: Pacer, queue: FrameQueue) -> None:
+        self.pacer, self.queue = pacer, queue
 
-    def add(self, r: FrameRecord) -> None:
-        if r.skipped:
-            return
-        v = self.vals
-        v["grab"].append(r.grab_ms)
-        if r.pre_ms is not None:
-            v["pre"].append(r.pre_ms)
-        if r.infer_ms is not None:
-            v["infer"].append(r.infer_ms)
-        if r.decode_ms is not None:
-            v["decode"].append(r.decode_ms)
-        if r.total_ms is not None:
-            v["total"].append(r.total_ms)
-        if r.frame_age_ms is not None:
-            v["age"].append(r.frame_age_ms)
-        if r.t_done is not None:
-            self.done_times.append(r.t_done)
+    def start(self) -> None:
+        self.pacer.start()
 
-    def median(self, key: str) -> float | None:
-        d = self.vals[key]
-        return statistics.median(d) if d else None
+    def stop(self) -> None:
+        self.pacer.stop()
+        self.queue.close()
 
-    def fps(self, now_s: float, window_s: float = 5.0) -> float:
-        times = self.done_times
-        if not times:
-            return 0.0
-        lo = now_s - window_s
-        n = sum(1 for t in reversed(times) if t >= lo)
-        span = min(window_s, max(now_s, 1e-9))
-        return n / span
+
+class _DriverThread:
+    """``soakd-driver``: the workload's driver in its own thread. ``join_s`` is how long
+    ``stop`` waits for the frame in flight (short after a stall: the model is hung)."""
+
+    def __init__(
+        self,
+        drive: Callable[[DriverContext[Any]], None],
+        ctx: DriverContext[Any],
+        on_crash: Callable[[BaseException], None],
+        on_return: Callable[[], None],
+    ) -> None:
+        self.drive, self.ctx, self.on_crash, self.on_return = drive, ctx, on_crash, on_return
+        self.join_s = 5.0
+        self.thread = threading.Thread(target=self._main, name="soakd-driver", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self.drive(self.ctx)
+        except BaseException as exc:  # a bug in a driver, or the source ending unpaced
+            self.on_crash(exc)
+        finally:
+            self.on_return()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.thread.join(self.join_s)
+        if self.thread.is_alive():
+            log.warning("the frame in flight did not finish; leaving it behind")
 
 
 @dataclass
-class _StopState:
-    status: str = "completed"
-    reason: str | None = None
-    exit_hint: ExitCode | None = None
+class _Stack:
+    """What one run is built from; ``parts`` in start order."""
+
+    ctx: DriverContext[Any]
+    parts: list[Component]
+    driver: _DriverThread
+    pacer: Pacer | None
+    queue: FrameQueue | None
+    grab: UnpacedGrab | None
 
 
 class Run:
@@ -170,23 +147,24 @@ class Run:
         self.judge = judge
         self.run_id = new_run_id()
         self.db_path = settings.resolved_db()
-        self._state = _StopState()
-        self._state_lock = threading.Lock()
-        self._rolling = _Rolling()
+        self._outcome = Outcome()
+        self._outcome_lock = threading.Lock()
+        self._rolling = Rolling()
         self._last_sample: Sample | None = None
         self._source_error: BaseException | None = None
-        self._driver_error: BaseException | None = None
+        self._queue: FrameQueue | None = None
+        self.t0_ns = 0
         self.log = log.bind(run_id=self.run_id)
 
     # --- stopping
     def request_stop(
-        self, reason: str | None = None, status: str = "aborted", exit_hint: ExitCode | None = None
+        self, reason: str | None = None, status: str = "aborted", internal: bool = False
     ) -> None:
         """Ask the run to end; the first reason wins. ``reason=None`` = normal completion."""
-        with self._state_lock:
+        with self._outcome_lock:
             if not self.stop.is_set():
                 if reason is not None:
-                    self._state = _StopState(status, reason, exit_hint)
+                    self._outcome = Outcome(status, reason, internal)
                 self.stop.set()
 
     # --- record plumbing (driver and sampler threads)
@@ -199,30 +177,41 @@ class Run:
     def _event(self, ev: Event) -> None:
         self.writer.put(ev)
         self.obs.on_event(ev)
-        if ev.kind in ("error", "oom", "stall", "source_end", "signal", "sampler_crashed"):
+        if ev.kind in _WARN_EVENTS:
             self.log.warning(ev.kind, message=ev.message, frame=ev.frame_id)
+
+    def _now_event(self, kind: str, message: str) -> Event:
+        return Event(kind, (self.clock.now_ns() - self.t0_ns) / 1e9, self.clock.wall(), message)
 
     def _sample(self, s: Sample) -> None:
         self._last_sample = s
         self.writer.put(s)
         self.obs.on_sample(s)
 
-    # --- set-up
-    def _open_store(self) -> Any:
+    # --- building (before the run row exists: a failure here is a usage error)
+    def _open_store(self) -> sqlite3.Connection:
         try:
             return store.connect(self.db_path)
         except store.StoreError as exc:
             raise UsageError(str(exc)) from None
 
-    def _build_workload(self) -> Any:
-        from soakd.workloads.registry import build_workload
-
+    def _open_inputs(self, stack: contextlib.ExitStack) -> tuple[Source, Any]:
         s = self.settings
-        src = s.source
+        source = open_source(s.source, fps=s.run.fps, seed=s.run.seed)
+        source.open()
+        stack.callback(source.close)
+        audio = make_audio_source(s.audio) if s.audio.kind != "none" else None
+        if audio is not None:
+            audio.open()
+            stack.callback(audio.close)
+        return source, audio
+
+    def _build_workload(self) -> Workload:
+        s = self.settings
         wctx = WorkloadContext(
             seed=s.run.seed,
-            width=src.width,
-            height=src.height,
+            width=s.source.width,
+            height=s.source.height,
             fps=s.run.fps,
             audio_rate=s.audio.sample_rate if s.audio.kind != "none" else None,
             cache_dir=getattr(s.workload, "cache_dir", None),
@@ -232,112 +221,72 @@ class Run:
         try:
             wl = build_workload(s.workload, wctx)
             wl.setup()
-        except (WorkloadError, SoakdError) as exc:
+        except (WorkloadError, SoakdError, FileNotFoundError) as exc:
             raise UsageError(f"workload {s.workload.kind!r}: {exc}") from None
-        except FileNotFoundError as exc:
-            raise UsageError(f"workload {s.workload.kind!r}: {exc}") from None
-        shape = getattr(wl, "shape", None)
-        if shape not in ("staged", "session", "generator"):
+        if getattr(wl, "shape", None) not in ("staged", "session", "generator"):
             raise UsageError(
                 f"workload {s.workload.kind!r}: object has no valid 'shape' "
                 "(expected 'staged', 'session' or 'generator')"
             )
         return wl
 
-    def _insert_run(
-        self, conn: Any, t0_wall: float, describe: dict[str, Any], env: dict[str, Any]
-    ) -> None:
-        s = self.settings
-        conn.execute(
-            "INSERT INTO runs (id, name, mode, status, started_at, started_unix, pid, host,"
-            " workload_kind, fps, config, config_hash, workload, environment)"
-            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self.run_id,
-                s.run.name,
-                self.mode,
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0_wall)),
-                t0_wall,
-                os.getpid(),
-                os.uname().nodename,
-                s.workload.kind,
-                s.run.fps if self.paced else None,
-                json.dumps(s.to_dict(), sort_keys=True),
-                s.config_hash(),
-                json.dumps(describe, default=str),
-                json.dumps(env, default=str),
-            ),
-        )
-
     # --- the run
     def execute(self) -> RunResult:
-        from soakd.sources import open_source
-        from soakd.telemetry.probes import default_probes
-        from soakd.telemetry.sampler import Sampler
-
-        s = self.settings
-        conn = self._open_store()
-        try:
-            source = open_source(s.source, fps=s.run.fps, seed=s.run.seed)
-            source.open()
-        except SoakdError:
-            conn.close()
-            raise
-        audio = None
-        if s.audio.kind != "none":
-            from soakd.sources.audio import make_audio_source
-
-            audio = make_audio_source(s.audio)
-            if audio is not None:
-                audio.open()
-        try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(self.obs.close)
+            conn = self._open_store()
+            stack.callback(conn.close)
+            source, audio = self._open_inputs(stack)
             t_load = time.perf_counter()
             workload = self._build_workload()
             load_s = time.perf_counter() - t_load
-        except BaseException:
-            source.close()
-            conn.close()
-            raise
-        try:
-            return self._execute(conn, source, audio, workload, load_s, default_probes, Sampler)
-        finally:
-            try:
-                workload.close()
-            finally:
-                source.close()
-                if audio is not None:
-                    audio.close()
-                conn.close()
-                self.obs.close()
+            stack.callback(workload.close)
+            return self._soak(conn, source, audio, workload, load_s)
+        raise AssertionError("unreachable")  # pragma: no cover (ExitStack may swallow)
 
-    def _execute(
+    def _soak(
         self,
-        conn: Any,
-        source: Any,
+        conn: sqlite3.Connection,
+        source: Source,
         audio: Any,
-        workload: Any,
+        workload: Workload,
         load_s: float,
-        default_probes: Any,
-        sampler_cls: Any,
     ) -> RunResult:
+        env = collect_environment()
+        self.t0_ns = self.clock.now_ns()
+        runs.open_run(conn, self._new_run(workload, source, load_s, env), self.clock.wall())
+        self.writer = store.StoreWriter(self.db_path, self.run_id)
+        self.writer.start()
+        built = self._build_stack(source, audio, workload)
+        self._announce(env)
+        stalled = self._run_stack(built)
+        return self._close(conn, built, load_s, stalled)
+
+    def _new_run(
+        self, workload: Workload, source: Source, load_s: float, env: dict[str, Any]
+    ) -> runs.NewRun:
         s = self.settings
-        clock = self.clock
         describe = dict(workload.describe())
         describe["shape"] = workload.shape
         describe["load_s"] = round(load_s, 3)
         try:
             describe["source"] = source.describe()
-        except Exception:
-            pass
-        env = collect_environment()
-        device = getattr(s.workload, "device", None)
-        probes = default_probes(device, self.log)
+        except Exception as exc:  # a description is nice to have, never worth failing for
+            self.log.warning("source.describe() failed", error=f"{type(exc).__name__}: {exc}")
+        return runs.NewRun(
+            id=self.run_id,
+            name=s.run.name,
+            mode=self.mode,
+            workload_kind=s.workload.kind,
+            fps=s.run.fps if self.paced else None,
+            config=s.to_dict(),
+            config_hash=s.config_hash(),
+            workload=describe,
+            environment=env,
+        )
 
-        t0_ns = clock.now_ns()
-        t0_wall = clock.wall()
-        self._insert_run(conn, t0_wall, describe, env)
-        self.writer = store.StoreWriter(self.db_path, self.run_id)
-        self.writer.start()
+    def _announce(self, env: dict[str, Any]) -> None:
+        s = self.settings
         info = RunInfo(
             run_id=self.run_id,
             settings=s,
@@ -356,178 +305,200 @@ class Run:
             mode=self.mode,
         )
 
-        def sampler_crashed(exc: BaseException) -> None:
-            # telemetry degrades, it does not end the run: the gap shows in the samples
-            now_s = (clock.now_ns() - t0_ns) / 1e9
-            msg = f"{type(exc).__name__}: {exc}"
-            self._event(Event("sampler_crashed", now_s, clock.wall(), msg))
-
-        sampler = sampler_cls(
-            probes,
+    def _build_stack(self, source: Source, audio: Any, workload: Workload) -> _Stack:
+        s, clock = self.settings, self.clock
+        rate = s.audio.sample_rate if audio is not None else None
+        sampler = Sampler(
+            default_probes(getattr(s.workload, "device", None), self.log),
             interval_ms=s.run.sample_interval_ms,
             clock=clock,
-            t0_ns=t0_ns,
+            t0_ns=self.t0_ns,
             on_sample=self._sample,
             on_event=self._event,
-            on_crash=sampler_crashed,
+            on_crash=self._sampler_crashed,
             log=self.log,
         )
-        queue: FrameQueue | None = None
-        pacer: Pacer | None = None
-        grab = None
-
-        def source_ended(exc: BaseException) -> None:
-            self._source_error = exc
-            msg = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("source") else str(exc)
-            self._event(Event("source_end", (clock.now_ns() - t0_ns) / 1e9, clock.wall(), msg))
-            if queue is not None:
-                queue.close()
-            self.request_stop(f"source ended: {exc}")
-
+        queue = pacer = grab = None
         if self.paced:
-            queue = FrameQueue(s.run.max_queue, s.run.consume)
+            queue = self._queue = FrameQueue(s.run.max_queue, s.run.consume)
             pacer = Pacer(
                 source.read,
                 queue,
                 fps=s.run.fps,
                 clock=clock,
-                t0_ns=t0_ns,
-                on_end=source_ended,
+                t0_ns=self.t0_ns,
+                on_end=self._source_ended,
                 audio=audio,
-                audio_rate=s.audio.sample_rate if audio is not None else None,
+                audio_rate=rate,
             )
         else:
-            period_ns = round(1e9 / s.run.fps)
-            rate = s.audio.sample_rate if audio is not None else 0
-            k = 0
-
-            def grab() -> Frame:
-                # back to back: stream time advances one frame period per frame, and each
-                # frame brings the audio the stream produces in that period
-                nonlocal k
-                t = clock.now_ns()
-                try:
-                    image, ts = source.read()
-                except BaseException as exc:
-                    source_ended(exc)
-                    raise
-                done = clock.now_ns()
-                chunk = None
-                if audio is not None:
-                    n = (k + 1) * rate * period_ns // 1_000_000_000 - k * rate * period_ns // (
-                        1_000_000_000
-                    )
-                    chunk = audio.read(int(n))
-                frame = Frame(k, t, done, done - t, image, chunk, ts, stream_ns=k * period_ns)
-                k += 1
-                return frame
-
-        counters = Counters(last_done_ns=t0_ns)
-        dctx = DriverContext(
+            grab = UnpacedGrab(
+                source.read,
+                fps=s.run.fps,
+                clock=clock,
+                on_end=self._source_ended,
+                audio=audio,
+                audio_rate=rate,
+            )
+        ctx = DriverContext(
             settings=s,
             workload=workload,
             clock=clock,
-            t0_ns=t0_ns,
+            t0_ns=self.t0_ns,
             stop=self.stop,
             emit=self._emit,
             event=self._event,
             queue=queue,
             grab=grab,
-            warmup_end_ns=t0_ns + int(s.run.warmup_s * 1e9),
+            warmup_end_ns=self.t0_ns + int(s.run.warmup_s * 1e9),
             max_frames=self.max_frames,
-            counters=counters,
+            counters=Counters(last_done_ns=self.t0_ns),
             request_abort=lambda reason: self.request_stop(reason),
         )
-        drive = get_driver(workload.shape)
+        driver = _DriverThread(
+            get_driver(workload.shape), ctx, self._driver_crashed, on_return=self.request_stop
+        )
+        parts: list[Component] = [sampler, driver]
+        if pacer is not None and queue is not None:
+            parts.append(_Feed(pacer, queue))
+        return _Stack(ctx, parts, driver, pacer, queue, grab)
 
-        def driver_main() -> None:
-            try:
-                drive(dctx)
-            except BaseException as exc:  # a bug in a driver, or the source ending unpaced
-                if self._source_error is None:
-                    self._driver_error = exc
-                    self.log.exception("driver crashed")
-                    self.request_stop(
-                        f"driver crashed: {type(exc).__name__}: {exc}", exit_hint=ExitCode.INTERNAL
-                    )
-            finally:
-                if not self.stop.is_set():
-                    self.request_stop()  # frame budget spent: normal completion
+    # --- component callbacks (their own threads)
+    def _sampler_crashed(self, exc: BaseException) -> None:
+        # telemetry degrades, it does not end the run: the gap shows in the samples
+        self._event(self._now_event("sampler_crashed", f"{type(exc).__name__}: {exc}"))
 
-        driver = threading.Thread(target=driver_main, name="soakd-driver", daemon=True)
-        sampler.start()
-        if pacer is not None:
-            pacer.start()
-        driver.start()
+    def _source_ended(self, exc: BaseException) -> None:
+        self._source_error = exc
+        msg = str(exc) if str(exc).startswith("source") else f"{type(exc).__name__}: {exc}"
+        self._event(self._now_event("source_end", msg))
+        if self._queue is not None:
+            self._queue.close()
+        self.request_stop(f"source ended: {exc}")
+
+    def _driver_crashed(self, exc: BaseException) -> None:
+        if self._source_error is not None:
+            return  # unpaced: the source ended under the driver, already recorded
+        self.log.exception("driver crashed", exc_info=exc)
+        self.request_stop(f"driver crashed: {type(exc).__name__}: {exc}", internal=True)
+
+    def _run_stack(self, built: _Stack) -> bool:
+        """Start the parts in order, monitor, stop them in reverse. True on a stall."""
+        for part in built.parts:
+            part.start()
         try:
-            stalled = self._monitor(dctx, t0_ns, pacer)
+            stalled = self._monitor(built)
         except KeyboardInterrupt:  # library use without signal handlers: Ctrl-C ends cleanly
             self.request_stop("signal SIGINT")
             stalled = False
         except BaseException as exc:  # a bug in the monitor: close the run, then re-raise
-            self.request_stop(
-                f"internal error: {type(exc).__name__}: {exc}", exit_hint=ExitCode.INTERNAL
-            )
+            self.request_stop(f"internal error: {type(exc).__name__}: {exc}", internal=True)
             self.log.exception("monitor crashed")
             stalled = False
+        self.obs.on_stopping(self._outcome.reason or "completed")
+        stall_s = self.settings.run.stall_timeout_s
+        built.driver.join_s = 1.0 if stalled else max(5.0, min(60.0, stall_s))
+        for part in reversed(built.parts):
+            part.stop()
+        return stalled
 
-        # --- shut down in reverse order
-        self.obs.on_stopping(self._state.reason or "completed")
-        if pacer is not None:
-            pacer.stop()
-        if queue is not None:
-            queue.close()
-        driver.join(1.0 if stalled else max(5.0, min(60.0, s.run.stall_timeout_s)))
-        if driver.is_alive() and not stalled:
-            self.log.warning("the frame in flight did not finish; leaving it behind")
-        sampler.stop()
-        t_end_ns = clock.now_ns()
-        duration_s = (t_end_ns - t0_ns) / 1e9
-        self.writer.put(Event("end", duration_s, clock.wall(), self._state.reason or "completed"))
+    def _monitor(self, built: _Stack) -> bool:
+        """Runs in the calling thread until the run should end. Returns True on a stall."""
+        s, clock, c = self.settings, self.clock, built.ctx.counters
+        end_ns = self.t0_ns + int(s.run.duration * 1e9)
+        stall_ns = int(s.run.stall_timeout_s * 1e9)
+        next_progress = self.t0_ns + 1_000_000_000
+        ready, warm_logged, last_done_seen = False, s.run.warmup_s <= 0, 0
+        while not self.stop.wait(0.05):
+            now = clock.now_ns()
+            if self.paced and now >= end_ns:
+                self.request_stop()
+                break
+            if not ready and c.done >= 1:
+                ready = True
+                self.obs.on_ready()
+            if not warm_logged and now >= built.ctx.warmup_end_ns:
+                warm_logged = True
+                self._event(self._now_event("warmup_end", f"warm-up of {s.run.warmup_s:g} s ended"))
+            since = c.in_flight_since_ns
+            if since is not None and now - since > stall_ns:
+                self._event(self._now_event("stall", self._stall_message(since)))
+                self.request_stop("stalled")
+                return True
+            if self.writer.error is not None:
+                self.request_stop(str(self.writer.error), internal=True)
+                break
+            if now >= next_progress:
+                next_progress += 1_000_000_000
+                progressing, last_done_seen = c.done != last_done_seen, c.done
+                self.obs.on_progress(self._progress(built, now, end_ns, progressing))
+        return False
+
+    def _stall_message(self, since_ns: int) -> str:
+        return (
+            f"no frame finished for {self.settings.run.stall_timeout_s:g} s "
+            f"(frame in flight since t={(since_ns - self.t0_ns) / 1e9:.1f} s)"
+        )
+
+    def _progress(self, built: _Stack, now: int, end_ns: int, progressing: bool) -> Progress:
+        c, r = built.ctx.counters, self._rolling
+        elapsed = (now - self.t0_ns) / 1e9
+        vals = self._last_sample.values if self._last_sample is not None else {}
+        gpu = vals.get("gpu_proc_mem_bytes") or vals.get("gpu_mem_used_bytes")
+        return Progress(
+            elapsed_s=elapsed,
+            remaining_s=max(0.0, (end_ns - now) / 1e9) if self.paced else 0.0,
+            frames_done=c.done,
+            frames_captured=built.pacer.captured if built.pacer is not None else c.done,
+            achieved_fps=r.fps(elapsed),
+            drops=built.ctx.drops,
+            stale=c.stale,
+            errors=c.errors,
+            age_p50_ms=r.median("age"),
+            stage_p50_ms={k: r.median(k) for k in STAGES},
+            rss_bytes=vals.get("rss_bytes"),  # type: ignore[arg-type]
+            gpu_mem_bytes=gpu,  # type: ignore[arg-type]
+            warmup=now < built.ctx.warmup_end_ns,
+            progressing=progressing,
+            stalled_s=(now - c.last_done_ns) / 1e9,
+        )
+
+    # --- closing
+    def _close(
+        self, conn: sqlite3.Connection, built: _Stack, load_s: float, stalled: bool
+    ) -> RunResult:
+        """Flush the store, close the run row, judge, and compute the exit code once."""
+        duration_s = (self.clock.now_ns() - self.t0_ns) / 1e9
+        self.writer.put(self._now_event("end", self._outcome.reason or "completed"))
         self.writer.close()
-        store_error = self.writer.error
-        if store_error is not None and self._state.status == "completed":
-            self._state = _StopState("aborted", str(store_error), ExitCode.INTERNAL)
-
-        summary = self._summary(dctx, pacer, queue, duration_s, load_s)
+        if self.writer.error is not None:  # rows were lost: soakd failed, whatever the model did
+            o = self._outcome
+            if o.status == "completed":
+                o = Outcome("aborted", str(self.writer.error))
+            self._outcome = Outcome(o.status, o.reason, internal=True)
+        o = self._outcome
         result = RunResult(
             run_id=self.run_id,
-            status=self._state.status,
-            reason=self._state.reason,
+            status=o.status,
+            reason=o.reason,
             duration_s=duration_s,
-            summary=summary,
+            summary=self._summary(built, duration_s, load_s),
         )
         try:
-            conn.execute(
-                "UPDATE runs SET status = ?, reason = ?, ended_at = ?, duration_s = ?,"
-                " summary = ? WHERE id = ?",
-                (
-                    result.status,
-                    result.reason,
-                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock.wall())),
-                    duration_s,
-                    json.dumps(summary, default=str),
-                    self.run_id,
-                ),
+            runs.close_run(
+                conn,
+                self.run_id,
+                status=o.status,
+                reason=o.reason,
+                ended_unix=self.clock.wall(),
+                duration_s=duration_s,
+                summary=result.summary,
             )
         except Exception as exc:
             raise SoakdError(f"{self.db_path}: cannot close the run: {exc}") from exc
-        if store_error is not None:
-            result.exit_code = ExitCode.INTERNAL
-        if self.judge:
-            self._judge(conn, result)
-        if result.exit_code is None:
-            result.exit_code = self._state.exit_hint or (
-                ExitCode.PASS if result.status == "completed" else ExitCode.INVALID
-            )
-        elif self._state.exit_hint is not None:
-            result.exit_code = self._state.exit_hint
-        try:
-            conn.execute(
-                "UPDATE runs SET exit_code = ? WHERE id = ?", (int(result.exit_code), self.run_id)
-            )
-        except Exception:
-            pass
+        result.verdict = self._judge(conn, result) if self.judge else None
+        result.exit_code = exit_code(self._outcome, result.verdict)
+        self._store_exit_code(conn, int(result.exit_code))
         self.log.info(
             "run ended",
             status=result.status,
@@ -539,114 +510,24 @@ class Run:
         self.obs.on_run_end(result)
         return result
 
-    def _judge(self, conn: Any, result: RunResult) -> None:
-        from soakd.analysis import judge_run
-
+    def _store_exit_code(self, conn: sqlite3.Connection, code: int) -> None:
         try:
-            verdict = judge_run(conn, self.run_id, self.settings)
+            runs.set_exit_code(conn, self.run_id, code)
+        except Exception as exc:  # the verdict is stored; only the exit code column is missing
+            self.log.warning("cannot store the exit code", error=f"{type(exc).__name__}: {exc}")
+
+    def _judge(self, conn: sqlite3.Connection, result: RunResult) -> Verdict | None:
+        try:
+            return judge_run(conn, self.run_id, self.settings)
         except Exception as exc:
             self.log.exception("the verdict could not be computed")
-            result.exit_code = ExitCode.INTERNAL
+            o = self._outcome
+            self._outcome = Outcome(o.status, o.reason, internal=True)
             result.summary["verdict_error"] = f"{type(exc).__name__}: {exc}"
-            return
-        result.verdict = verdict
-        if result.exit_code is None:
-            result.exit_code = ExitCode(int(verdict.exit_code))
+            return None
 
-    def _monitor(self, dctx: DriverContext, t0_ns: int, pacer: Pacer | None) -> bool:
-        """Runs in the calling thread until the run should end. Returns True on a stall."""
-        s = self.settings
-        clock = self.clock
-        c = dctx.counters
-        end_ns = t0_ns + int(s.run.duration * 1e9)
-        warm_end_ns = dctx.warmup_end_ns
-        stall_ns = int(s.run.stall_timeout_s * 1e9)
-        next_progress = t0_ns + 1_000_000_000
-        ready = False
-        warm_logged = s.run.warmup_s <= 0
-        last_done_seen = 0
-        stalled = False
-        wait = 0.05
-        while not self.stop.wait(wait):
-            now = clock.now_ns()
-            if self.paced and now >= end_ns:
-                self.request_stop()
-                break
-            if not ready and c.done >= 1:
-                ready = True
-                self.obs.on_ready()
-            if not warm_logged and now >= warm_end_ns:
-                warm_logged = True
-                self._event(
-                    Event(
-                        "warmup_end",
-                        (now - t0_ns) / 1e9,
-                        clock.wall(),
-                        f"warm-up of {s.run.warmup_s:g} s ended",
-                    )
-                )
-            since = c.in_flight_since_ns
-            if since is not None and now - since > stall_ns:
-                stalled = True
-                msg = (
-                    f"no frame finished for {s.run.stall_timeout_s:g} s "
-                    f"(frame in flight since t={(since - t0_ns) / 1e9:.1f} s)"
-                )
-                self._event(Event("stall", (now - t0_ns) / 1e9, clock.wall(), msg))
-                self.request_stop("stalled")
-                break
-            if self.writer.error is not None:
-                self.request_stop(str(self.writer.error), exit_hint=ExitCode.INTERNAL)
-                break
-            if now >= next_progress:
-                next_progress += 1_000_000_000
-                progressing = c.done != last_done_seen
-                last_done_seen = c.done
-                self.obs.on_progress(self._progress(dctx, now, t0_ns, end_ns, pacer, progressing))
-        return stalled
-
-    def _progress(
-        self,
-        dctx: DriverContext,
-        now: int,
-        t0_ns: int,
-        end_ns: int,
-        pacer: Pacer | None,
-        progressing: bool,
-    ) -> Progress:
-        c = dctx.counters
-        r = self._rolling
-        elapsed = (now - t0_ns) / 1e9
-        smp = self._last_sample
-        vals = smp.values if smp is not None else {}
-        gpu = vals.get("gpu_proc_mem_bytes") or vals.get("gpu_mem_used_bytes")
-        return Progress(
-            elapsed_s=elapsed,
-            remaining_s=max(0.0, (end_ns - now) / 1e9) if self.paced else 0.0,
-            frames_done=c.done,
-            frames_captured=pacer.captured if pacer is not None else c.done,
-            achieved_fps=r.fps(elapsed),
-            drops=dctx.drops,
-            stale=c.stale,
-            errors=c.errors,
-            age_p50_ms=r.median("age"),
-            stage_p50_ms={k: r.median(k) for k in STAGES},
-            rss_bytes=vals.get("rss_bytes"),  # type: ignore[arg-type]
-            gpu_mem_bytes=gpu,  # type: ignore[arg-type]
-            warmup=now < dctx.warmup_end_ns,
-            progressing=progressing,
-            stalled_s=(now - c.last_done_ns) / 1e9,
-        )
-
-    def _summary(
-        self,
-        dctx: DriverContext,
-        pacer: Pacer | None,
-        queue: FrameQueue | None,
-        duration_s: float,
-        load_s: float,
-    ) -> dict[str, Any]:
-        c = dctx.counters
+    def _summary(self, built: _Stack, duration_s: float, load_s: float) -> dict[str, Any]:
+        c, pacer, queue = built.ctx.counters, built.pacer, built.queue
         out: dict[str, Any] = {
             "duration_s": round(duration_s, 3),
             "load_s": round(load_s, 3),
@@ -662,7 +543,7 @@ class Run:
             "writer_rows": self.writer.rows_written,
             "writer_flushes": self.writer.flushes,
         }
-        out.update(dctx.summary)
+        out.update(built.ctx.summary)
         return out
 
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from soakd.records import Emission, Frame, FrameRecord
-from soakd.run.drivers import DriverContext
+from soakd.run.drivers.context import DriverContext
 from soakd.run.drivers.session import response_timeout_s
+from soakd.workloads.base import GeneratorWorkload
 
 #: recent values kept for the run summary's percentiles (bounded memory)
 SUMMARY_WINDOW = 65536
@@ -57,7 +58,7 @@ class _Worker:
 
     _STOP = object()
 
-    def __init__(self, ctx: DriverContext) -> None:
+    def __init__(self, ctx: DriverContext[GeneratorWorkload]) -> None:
         self.ctx = ctx
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.done = threading.Event()
@@ -143,7 +144,7 @@ def _pcts(values: list[float]) -> dict[str, Any]:
 
 
 class _GeneratorDriver:
-    def __init__(self, ctx: DriverContext) -> None:
+    def __init__(self, ctx: DriverContext[GeneratorWorkload]) -> None:
         self.ctx = ctx
         self.timeout_ns = int(response_timeout_s(ctx) * 1e9)
         self.worker = _Worker(ctx)
@@ -214,24 +215,16 @@ class _GeneratorDriver:
                     ctx.request_abort("CUDA out of memory (on_oom = stop)")
             else:
                 ctx.event(ctx.make_event("error", error, frame.id))
-        grab_ms = frame.grab_ns / 1e6
-        rec = FrameRecord(
-            frame_id=frame.id,
-            t_sched=ctx.s(frame.t_sched_ns),
-            t_capture=ctx.s(frame.t_capture_ns),
-            t_dispatch=ctx.s(t_req),
+        rec = ctx.record(
+            frame,
+            qlen,
+            t_req,
             t_done=ctx.s(t_done),
-            lateness_ms=(frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6,
-            grab_ms=grab_ms,
             pre_ms=getattr(timings, "pre_ms", None),
             infer_ms=getattr(timings, "infer_ms", None),
             decode_ms=getattr(timings, "decode_ms", None),
-            total_ms=grab_ms + (t_done - t_req) / 1e6,
-            queue_len=qlen,
-            frame_age_ms=(t_req - frame.t_capture_ns) / 1e6,
+            total_ms=frame.grab_ns / 1e6 + (t_done - t_req) / 1e6,
             e2e_ms=(t_done - frame.t_sched_ns) / 1e6,
-            drop_count=ctx.drops,
-            stale_count=c.stale,
             error=error,
             first=self.first,
             warmup=req.warmup,
@@ -249,19 +242,12 @@ class _GeneratorDriver:
         c.done += 1
 
 
-def drive(ctx: DriverContext) -> None:
+def drive(ctx: DriverContext[GeneratorWorkload]) -> None:
     d = _GeneratorDriver(ctx)
     d.worker.start()
     try:
-        while not ctx.stop.is_set():
-            got = ctx.next_frame(0.1)
-            if got is None:
-                if ctx.queue is not None and ctx.queue.closed:
-                    return
-                continue
-            if not d.request(*got):
-                return
-            if ctx.max_frames is not None and ctx.counters.done >= ctx.max_frames:
+        for frame, qlen in ctx.frames(0.1):
+            if not d.request(frame, qlen) or ctx.budget_spent():
                 return
     finally:
         d.worker.stop()

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from soakd.records import Frame, FrameRecord
-from soakd.run.drivers import DriverContext
+from soakd.run.drivers.context import DriverContext
+from soakd.workloads.base import SessionWorkload
 
 #: frames awaiting an output beyond this are written without one (bounded memory)
 MAX_AWAITING = 4096
 
 
-def workload_setting(ctx: DriverContext, name: str, default: float) -> float:
+def workload_setting(ctx: DriverContext[Any], name: str, default: float) -> float:
     """A timing setting from the workload object (users' own workloads may carry one), else
     from the ``[workload]`` settings, else ``default``."""
     for holder in (ctx.workload, ctx.settings.workload):
@@ -43,7 +44,7 @@ def workload_setting(ctx: DriverContext, name: str, default: float) -> float:
     return default
 
 
-def response_timeout_s(ctx: DriverContext) -> float:
+def response_timeout_s(ctx: DriverContext[Any]) -> float:
     """The workload's ``response_timeout_s`` when it has one, else the run's stall timeout."""
     return workload_setting(ctx, "response_timeout_s", float(ctx.settings.run.stall_timeout_s))
 
@@ -59,7 +60,7 @@ class _Awaiting:
 class _Poller:
     """The ``soakd-session-poll`` thread: polls outputs, stamps them, hands them over."""
 
-    def __init__(self, ctx: DriverContext, timeout_s: float) -> None:
+    def __init__(self, ctx: DriverContext[SessionWorkload], timeout_s: float) -> None:
         self.ctx = ctx
         self.timeout_s = timeout_s
         self.out: queue.SimpleQueue[tuple[int, list[Any]]] = queue.SimpleQueue()
@@ -86,7 +87,7 @@ class _Poller:
 
 
 class _SessionDriver:
-    def __init__(self, ctx: DriverContext) -> None:
+    def __init__(self, ctx: DriverContext[SessionWorkload]) -> None:
         self.ctx = ctx
         self.timeout_ns = int(response_timeout_s(ctx) * 1e9)
         self.awaiting: deque[_Awaiting] = deque()
@@ -102,21 +103,7 @@ class _SessionDriver:
     def _record(self, frame: Frame, qlen: int, t_push: int) -> FrameRecord:
         ctx = self.ctx
         warm = frame.t_capture_ns < ctx.warmup_end_ns or self.first
-        return FrameRecord(
-            frame_id=frame.id,
-            t_sched=ctx.s(frame.t_sched_ns),
-            t_capture=ctx.s(frame.t_capture_ns),
-            t_dispatch=ctx.s(t_push),
-            t_done=None,
-            lateness_ms=(frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6,
-            grab_ms=frame.grab_ns / 1e6,
-            queue_len=qlen,
-            frame_age_ms=(t_push - frame.t_capture_ns) / 1e6,
-            drop_count=ctx.drops,
-            stale_count=ctx.counters.stale,
-            first=self.first,
-            warmup=warm,
-        )
+        return ctx.record(frame, qlen, t_push, first=self.first, warmup=warm)
 
     def finish(self, a: _Awaiting, t_out: int | None, kind: str | None) -> None:
         c = self.ctx.counters
@@ -220,7 +207,7 @@ class _SessionDriver:
             self.ctx.summary["sample_output"] = self.sample_output
 
 
-def _start(ctx: DriverContext) -> bool:
+def _start(ctx: DriverContext[SessionWorkload]) -> bool:
     try:
         ctx.workload.start()
     except Exception as exc:
@@ -231,7 +218,7 @@ def _start(ctx: DriverContext) -> bool:
     return True
 
 
-def drive(ctx: DriverContext) -> None:
+def drive(ctx: DriverContext[SessionWorkload]) -> None:
     if not _start(ctx):
         return
     d = _SessionDriver(ctx)

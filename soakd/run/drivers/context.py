@@ -1,0 +1,123 @@
+"""What a driver is given: the run's clock, stop event, frame feed, record builder and
+callbacks (``DriverContext``), and the live counters it shares with the monitor."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from soakd.clock import Clock
+from soakd.records import Emission, Event, Frame, FrameRecord
+from soakd.run.queue import FrameQueue
+
+if TYPE_CHECKING:
+    from soakd.config import Settings
+
+
+@dataclass(slots=True)
+class Counters:
+    """Live counters shared by the driver and the runner's monitor (written by the driver
+    thread only; read racily by the monitor, which is fine for a display)."""
+
+    dispatched: int = 0
+    done: int = 0
+    stale: int = 0
+    errors: int = 0
+    ooms: int = 0
+    in_flight_since_ns: int | None = None  # when the frame now in the workload was dispatched
+    last_done_ns: int = 0
+
+
+W = TypeVar("W")
+
+
+@dataclass
+class DriverContext(Generic[W]):
+    settings: Settings
+    workload: W
+    clock: Clock
+    t0_ns: int
+    stop: threading.Event
+    emit: Callable[[FrameRecord | Emission], None]
+    event: Callable[[Event], None]
+    queue: FrameQueue | None  # paced runs
+    grab: Callable[[], Frame] | None  # unpaced runs: capture inline
+    warmup_end_ns: int
+    max_frames: int | None = None
+    counters: Counters = field(default_factory=Counters)
+    summary: dict[str, Any] = field(default_factory=dict)  # kind-specific summary entries
+    request_abort: Callable[[str], None] = lambda reason: None
+
+    def s(self, ns: int) -> float:
+        """Monotonic ns -> seconds since the run's start."""
+        return (ns - self.t0_ns) / 1e9
+
+    def next_frame(self, timeout: float = 0.1) -> tuple[Frame, int] | None:
+        """The next frame to dispatch and the queue length when it was taken."""
+        if self.grab is not None:
+            return self.grab(), 0
+        assert self.queue is not None
+        return self.queue.get(timeout)
+
+    def frames(self, timeout: float = 0.1) -> Iterator[tuple[Frame, int]]:
+        """Frames to dispatch (with the queue length when taken) until the run stops, the
+        queue closes or, unpaced, the source ends: the loop head every driver shares."""
+        while not self.stop.is_set():
+            got = self.next_frame(timeout)
+            if got is not None:
+                yield got
+            elif self.queue is not None and self.queue.closed:
+                return
+
+    def budget_spent(self) -> bool:
+        """The frame budget (``max_frames``, profiles) is used up."""
+        return self.max_frames is not None and self.counters.done >= self.max_frames
+
+    def record(
+        self, frame: Frame, qlen: int, t_taken: int, *, dispatched: bool = True, **fields: Any
+    ) -> FrameRecord:
+        """A frame's record with the fields every driver fills the same way (times, lateness,
+        grab, queue, age at ``t_taken``, drops, warm-up) and ``fields`` for the shape's own
+        (stages, outputs, flags). ``dispatched=False``: skipped, never given to the model."""
+        fields.setdefault("warmup", frame.t_capture_ns < self.warmup_end_ns)
+        fields.setdefault("t_done", None)
+        fields.setdefault("drop_count", self.drops)
+        fields.setdefault("stale_count", self.counters.stale)
+        return FrameRecord(
+            frame_id=frame.id,
+            t_sched=self.s(frame.t_sched_ns),
+            t_capture=self.s(frame.t_capture_ns),
+            t_dispatch=self.s(t_taken) if dispatched else None,
+            lateness_ms=(frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6,
+            grab_ms=frame.grab_ns / 1e6,
+            queue_len=qlen,
+            frame_age_ms=(t_taken - frame.t_capture_ns) / 1e6,
+            **fields,
+        )
+
+    @property
+    def drops(self) -> int:
+        return self.queue.drops if self.queue is not None else 0
+
+    def make_event(
+        self,
+        kind: str,
+        message: str = "",
+        frame_id: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> Event:
+        now = self.clock.now_ns()
+        return Event(
+            kind=kind,
+            t=self.s(now),
+            wall=self.clock.wall(),
+            message=message,
+            frame_id=frame_id,
+            data=data,
+        )
+
+    def is_oom(self, exc: BaseException) -> bool:
+        name = type(exc).__name__
+        return name == "OutOfMemoryError" or "out of memory" in str(exc).lower()

@@ -1,0 +1,47 @@
+"""The runner's rolling statistics for the once-a-second progress snapshot (bounded)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from soakd.records import STAGES, FrameRecord
+
+
+class Rolling:
+    """Recent per-stage values for the once-a-second progress snapshot (bounded)."""
+
+    def __init__(self, n: int = 128) -> None:
+        self.vals = {k: deque[float](maxlen=n) for k in (*STAGES, "age")}
+        self.done_times: deque[float] = deque(maxlen=4096)
+
+    def add(self, r: FrameRecord) -> None:
+        if r.skipped:
+            return
+        v = self.vals
+        v["grab"].append(r.grab_ms)
+        if r.pre_ms is not None:
+            v["pre"].append(r.pre_ms)
+        if r.infer_ms is not None:
+            v["infer"].append(r.infer_ms)
+        if r.decode_ms is not None:
+            v["decode"].append(r.decode_ms)
+        if r.total_ms is not None:
+            v["total"].append(r.total_ms)
+        if r.frame_age_ms is not None:
+            v["age"].append(r.frame_age_ms)
+        if r.t_done is not None:
+            self.done_times.append(r.t_done)
+
+    def median(self, key: str) -> float | None:
+        d = self.vals[key]
+        return statistics.median(d) if d else None
+
+    def fps(self, now_s: float, window_s: float = 5.0) -> float:
+        times = self.done_times
+        if not times:
+            return 0.0
+        lo = now_s - window_s
+        n = sum(1 for t in reversed(times) if t >= lo)
+        span = min(window_s, max(now_s, 1e-9))
+        return n / span
