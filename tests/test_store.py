@@ -13,6 +13,7 @@ import pytest
 
 from soakd.records import Event, FrameRecord, Sample
 from soakd.store import db as store
+from soakd.store.runs import get_run, process_start
 from soakd.store.schema import MIGRATIONS
 
 from .conftest import make_run
@@ -216,3 +217,34 @@ def test_writer_reports_disk_full_on_a_real_full_filesystem(tmp_path: Path) -> N
         w.close()
         conn.close()
     assert w.error is not None and "disk full" in str(w.error), w.error
+
+
+def test_running_run_whose_pid_now_belongs_to_a_process_started_later_is_marked_crashed(
+    db_path: Path,
+) -> None:
+    """Same host, the pid alive, but another process start time (the pid was reused): the
+    run is orphaned and the next connect marks it crashed; with the matching start time it
+    stays running."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = process_start(child.pid)
+        assert started is not None
+        conn = store.connect(db_path)
+        make_run(conn, id="reused", status="running", pid=child.pid)
+        make_run(conn, id="same", status="running", pid=child.pid)
+        conn.execute("UPDATE runs SET pid_start = ? WHERE id = 'reused'", (started - 1,))
+        conn.execute("UPDATE runs SET pid_start = ? WHERE id = 'same'", (started,))
+        conn.close()
+        conn = store.connect(db_path)
+        st = dict(conn.execute("SELECT id, status FROM runs").fetchall())
+        assert st == {"reused": "crashed", "same": "running"}
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_open_run_records_the_process_start_time(db_path: Path) -> None:
+    """open_run stores this process's start time with its pid."""
+    conn = store.connect(db_path)
+    rid = make_run(conn, status="running")
+    assert get_run(conn, rid).pid_start == process_start(os.getpid()) is not None

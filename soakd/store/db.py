@@ -19,10 +19,13 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from soakd.records import SAMPLE_FIELDS, Emission, Event, FrameRecord, Sample
 from soakd.store.runs import mark_orphaned_runs
@@ -31,10 +34,18 @@ from soakd.store.schema import (
     EVENT_COLUMNS,
     FRAME_COLUMNS,
     SAMPLE_COLUMNS,
+    NewerSchemaError,
+    check_schema,
     migrate,
 )
 
 BUSY_TIMEOUT_MS = 10_000
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6
+# rows a writer keeps while another connection holds the lock (measured 0.35-0.41 KB each
+# in memory: about 400 MB at the bound)
+MAX_PENDING = 1_000_000
+
+_log = structlog.get_logger("soakd.store")
 
 
 class StoreError(RuntimeError):
@@ -84,9 +95,24 @@ def atomic(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
+def _is_locked(exc: BaseException) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED (any extended code): another connection holds the lock."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+    return "is locked" in str(exc)
+
+
 def _describe_os_error(path: Path, exc: BaseException) -> str:
     msg = str(exc)
-    if isinstance(exc, sqlite3.OperationalError):
+    if _is_locked(exc):
+        return (
+            f"{path}: the run database is locked by another connection"
+            " (a reader in a write transaction?); try again when it is done"
+        )
+    if isinstance(exc, sqlite3.DatabaseError):
         low = msg.lower()
         if "readonly" in low or "read-only" in low:
             return f"{path}: the run database is read-only"
@@ -96,29 +122,87 @@ def _describe_os_error(path: Path, exc: BaseException) -> str:
             )
         if "disk is full" in low or "database or disk is full" in low:
             return f"{path}: disk full while writing the run database"
+        if "file is not a database" in low:
+            return f"{path}: not an SQLite database"
+        if "malformed" in low:
+            return corrupt_message(path, exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"{path}: disk full while writing the run database"
     return f"{path}: {msg}"
 
 
+def corrupt_message(path: Path, exc: BaseException) -> str:
+    """One line for a damaged database file, with the command that shows the damage."""
+    return (
+        f"{path}: the run database is damaged ({exc}); check it with"
+        f" `sqlite3 {path} 'PRAGMA quick_check'`"
+    )
+
+
+def _check_schema(conn: sqlite3.Connection, p: Path) -> None:
+    try:
+        check_schema(conn)
+    except NewerSchemaError as exc:
+        raise StoreError(f"{p}: {exc}") from None
+
+
+def _check_writable(conn: sqlite3.Connection) -> None:
+    """A real write, rolled back: a file SQLite opened read-only (0444, read-only mount) or
+    one locked by another connection fails here, at start, not at the run's first write."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("CREATE TABLE _soakd_write_check (x)")
+    finally:
+        _undo(conn, "ROLLBACK")
+
+
+def _connect_readonly(p: Path) -> sqlite3.Connection:
+    """``mode=ro``; in a folder this user cannot write, with no live WAL (no soakd writing
+    it), SQLite cannot create the ``-shm`` file that mode needs: then ``immutable=1``."""
+    last: sqlite3.Error | None = None
+    for flag in ("mode=ro", "immutable=1"):
+        wal = p.with_name(p.name + "-wal")
+        if flag == "immutable=1" and wal.exists() and wal.stat().st_size > 0:
+            break  # a writer's WAL holds rows an immutable open would not see
+        conn = sqlite3.connect(
+            f"file:{p}?{flag}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA query_only=1")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            last = exc
+            if "readonly" not in str(exc).lower() and "unable to open" not in str(exc).lower():
+                break
+    assert last is not None
+    raise last
+
+
+def is_readonly(conn: sqlite3.Connection) -> bool:
+    """Whether ``conn`` was opened by ``connect(readonly=True)`` (it must not write)."""
+    return bool(conn.execute("PRAGMA query_only").fetchone()[0])
+
+
 def connect(
     path: str | Path, *, readonly: bool = False, mark_orphans: bool = True
 ) -> sqlite3.Connection:
-    """Open the run database (WAL, busy timeout, migrations applied).
+    """Open the run database (WAL, busy timeout, migrations applied, writability checked).
 
     Runs whose status is still ``running`` but whose process is gone are marked
-    ``crashed`` (the process was killed, or the machine lost power).
+    ``crashed`` (the process was killed, or the machine lost power). ``readonly=True`` opens
+    without writing anything (no migration, no orphan marking; ``is_readonly`` is then
+    true). Either way a database written by a newer soakd is refused (StoreError).
     """
     p = Path(path)
     if readonly:
         if not p.exists():
             raise StoreError(f"{p}: no run database here")
-        uri = f"file:{p}?mode=ro"
         try:
-            conn = sqlite3.connect(
-                uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
-            )
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn = _connect_readonly(p)
+            _check_schema(conn, p)
             conn.execute("SELECT 1 FROM runs LIMIT 1")
         except sqlite3.Error as exc:
             raise StoreError(_describe_os_error(p, exc)) from None
@@ -131,12 +215,14 @@ def connect(
             p, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
         )
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        _check_schema(conn, p)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise StoreError(f"{p}: cannot switch the run database to WAL mode (got {mode})")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
         migrate(conn)
+        _check_writable(conn)
         if mark_orphans:
             with atomic(conn):
                 mark_orphaned_runs(conn)
@@ -222,23 +308,80 @@ _ROW: dict[type, Callable[[str, Any], tuple[Any, ...]]] = {
 }
 
 
+# when the pending rows reach their bound during a lock, these go first (oldest first):
+# telemetry, then emissions, then frames; events (a few per run, each one telling) never
+_DROP_ORDER: tuple[type, ...] = (Sample, Emission, FrameRecord)
+_KIND = {FrameRecord: "frames", Sample: "samples", Emission: "emissions", Event: "events"}
+
+
+class _Pending:
+    """Records not yet committed, by type, at most ``limit`` of them; what had to be dropped
+    to stay within the bound is counted by kind."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.rows: dict[type, deque[Any]] = {t: deque() for t in _ROW}
+        self.n = 0
+        self.dropped: Counter[str] = Counter()
+
+    def add(self, rec: Any) -> None:
+        self.rows[type(rec)].append(rec)
+        self.n += 1
+        if self.n > self.limit:
+            for t in _DROP_ORDER:
+                if self.rows[t]:
+                    self.rows[t].popleft()
+                    self.n -= 1
+                    self.dropped[_KIND[t]] += 1
+                    break
+
+    def clear(self) -> None:
+        for d in self.rows.values():
+            d.clear()
+        self.n = 0
+
+
 class StoreWriter:
-    """The one writer thread. ``put`` never blocks the caller and never touches SQLite."""
+    """The one writer thread. ``put`` never blocks the caller and never touches SQLite.
+
+    When another connection holds the database's write lock for longer than the busy
+    timeout (a reader's ``BEGIN EXCLUSIVE``, a long ``sqlite-utils`` write), the rows are
+    kept (at most ``max_pending``; beyond that the oldest samples go first, counted) and the
+    flush retried with backoff until the lock clears; then a ``store_locked`` event (and a
+    ``store_overflow`` event if rows were dropped) is written. Only a genuine error (disk
+    full, read-only, corrupt) ends the writer: ``error`` is then set with its message."""
 
     _STOP = object()
 
     def __init__(
-        self, path: str | Path, run_id: str, *, flush_interval_s: float = 0.5, max_batch: int = 5000
+        self,
+        path: str | Path,
+        run_id: str,
+        *,
+        flush_interval_s: float = 0.5,
+        max_batch: int = 5000,
+        busy_timeout_s: float | None = None,
+        max_pending: int = MAX_PENDING,
+        max_backoff_s: float = 2.0,
     ) -> None:
         self.path = Path(path)
         self.run_id = run_id
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
+        self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
+        self.max_backoff_s = max_backoff_s
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = _Pending(max_pending)
         self._thread = threading.Thread(target=self._loop, name="soakd-store", daemon=True)
+        self._abandon = threading.Event()
         self.error: BaseException | None = None
         self.rows_written = 0
         self.flushes = 0
+        self.lock_episodes = 0
+        self.lock_retries = 0
+        self._locked_since: float | None = None
+        self._backoff = 0.0
+        self._last_t: float | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -247,60 +390,141 @@ class StoreWriter:
         self._q.put(record)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush everything queued and stop the thread."""
+        """Flush everything queued and stop the thread. If the database is still locked
+        ``timeout`` seconds later, give up and set ``error``: those rows are lost."""
         self._q.put(self._STOP)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._abandon.set()
+            self._thread.join(self.busy_timeout_s + 1.0)
+            if self.error is None:
+                self.error = StoreError(
+                    f"{self.path}: the run database was still locked by another connection"
+                    f" {timeout:g} s after the run ended; {self._pending.n} rows not written"
+                )
 
     def _loop(self) -> None:
         conn = None
         try:
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             conn.execute("PRAGMA synchronous=NORMAL")
-            batch: list[Any] = []
-            deadline = time.monotonic() + self.flush_interval_s
-            stopping = False
-            while not stopping:
-                timeout = max(0.0, deadline - time.monotonic())
-                try:
-                    item = self._q.get(timeout=timeout)
-                    if item is self._STOP:
-                        stopping = True
-                    else:
-                        batch.append(item)
-                        # drain without waiting
-                        while len(batch) < self.max_batch:
-                            try:
-                                item = self._q.get_nowait()
-                            except queue.Empty:
-                                break
-                            if item is self._STOP:
-                                stopping = True
-                                break
-                            batch.append(item)
-                except queue.Empty:
-                    pass
-                now = time.monotonic()
-                if batch and (stopping or now >= deadline or len(batch) >= self.max_batch):
-                    self._flush(conn, batch)
-                    batch = []
-                if now >= deadline:
-                    deadline = now + self.flush_interval_s
+            self._run(conn)
         except BaseException as exc:  # recorded and re-raised by the runner
             self.error = StoreError(_describe_os_error(self.path, exc))
         finally:
             if conn is not None:
                 conn.close()
 
-    def _flush(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
-        grouped: dict[type, list[tuple[Any, ...]]] = {}
+    def _run(self, conn: sqlite3.Connection) -> None:
+        deadline = time.monotonic() + self.flush_interval_s
+        stopping = False
+        while True:
+            if not stopping:
+                stopping = self._collect(deadline)
+            elif self._locked_since is not None:
+                self._abandon.wait(max(0.0, deadline - time.monotonic()))
+            now = time.monotonic()
+            due = stopping or now >= deadline or self._pending.n >= self.max_batch
+            if self._pending.n and due and (self._locked_since is None or now >= deadline):
+                self._attempt(conn)
+                now = time.monotonic()
+                if self._locked_since is not None:
+                    deadline = now + self._backoff
+            if stopping and (not self._pending.n or self._abandon.is_set()):
+                return
+            if now >= deadline:
+                deadline = now + self.flush_interval_s
+
+    def _collect(self, deadline: float) -> bool:
+        """Move what is queued into the pending rows, waiting until ``deadline`` for the
+        first; True once the stop sentinel came. During a lock everything is drained, so the
+        bound on pending rows holds."""
+        try:
+            item = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return False
+        while True:
+            if item is self._STOP:
+                return True
+            self._track(item)
+            self._pending.add(item)
+            if self._pending.n >= self.max_batch and self._locked_since is None:
+                return False
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return False
+
+    def _track(self, rec: Any) -> None:
+        t = rec.t_capture if isinstance(rec, FrameRecord) else getattr(rec, "t", None)
+        if isinstance(rec, Emission):
+            t = rec.t_emit
+        if t is not None and (self._last_t is None or t > self._last_t):
+            self._last_t = t
+
+    def _attempt(self, conn: sqlite3.Connection) -> None:
+        """One flush of every pending row; a lock held past the busy timeout keeps them."""
+        try:
+            self._flush(conn)
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc):
+                raise
+            self._on_locked()
+            return
+        if self._locked_since is not None:
+            self._on_unlocked()
+
+    def _on_locked(self) -> None:
+        self.lock_retries += 1
+        if self._locked_since is None:
+            self._locked_since = time.monotonic() - self.busy_timeout_s
+            self.lock_episodes += 1
+            self._backoff = 0.05
+            _log.warning(
+                "run database locked by another connection: keeping rows, retrying",
+                path=str(self.path),
+                run_id=self.run_id,
+                busy_timeout_s=self.busy_timeout_s,
+                pending=self._pending.n,
+            )
+        else:
+            self._backoff = min(self._backoff * 2, self.max_backoff_s)
+
+    def _on_unlocked(self) -> None:
+        """The lock cleared: record the episode (and any overflow) as events of the run."""
+        assert self._locked_since is not None
+        locked_s = round(time.monotonic() - self._locked_since, 3)
+        self._locked_since = None
+        data = {"locked_s": locked_s, "retries": self.lock_retries}
+        msg = f"run database locked by another connection for about {locked_s:g} s; rows kept"
+        t = self._last_t if self._last_t is not None else 0.0  # run time of the newest row
+        self._pending.add(Event("store_locked", t, time.time(), msg, data=data))
+        dropped = dict(self._pending.dropped)
+        if dropped:
+            self._pending.dropped.clear()
+            lost = ", ".join(f"{n} {k}" for k, n in sorted(dropped.items()))
+            overflow = {**dropped, "max_pending": self._pending.limit, "locked_s": locked_s}
+            self._pending.add(
+                Event(
+                    "store_overflow",
+                    t,
+                    time.time(),
+                    f"{lost} dropped: more than {self._pending.limit} rows waited for the lock",
+                    data=overflow,
+                )
+            )
+        _log.warning("run database writable again", path=str(self.path), **data, dropped=dropped)
+
+    def _flush(self, conn: sqlite3.Connection) -> None:
         rid = self.run_id
-        for rec in batch:
-            t = type(rec)
-            grouped.setdefault(t, []).append(_ROW[t](rid, rec))
+        grouped = {
+            t: [_ROW[t](rid, rec) for rec in recs] for t, recs in self._pending.rows.items() if recs
+        }
         # atomic keeps the real error when SQLite already rolled back (SQLITE_FULL does)
         with atomic(conn):
             for t, rows in grouped.items():
                 conn.executemany(_SQL[t], rows)
-        self.rows_written += len(batch)
+        self.rows_written += self._pending.n
         self.flushes += 1
+        self._pending.clear()

@@ -48,18 +48,21 @@ class NewRun:
 
 
 def open_run(conn: sqlite3.Connection, run: NewRun, started_unix: float) -> None:
-    """Insert the run's row with status ``running`` (this process's pid and host)."""
+    """Insert the run's row with status ``running`` (this process's pid, its start time and
+    the host: together they tell a later command whether the run's process still exists)."""
+    pid = os.getpid()
     conn.execute(
-        "INSERT INTO runs (id, name, mode, status, started_at, started_unix, pid, host,"
-        " workload_kind, fps, config, config_hash, workload, environment)"
-        " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO runs (id, name, mode, status, started_at, started_unix, pid, pid_start,"
+        " host, workload_kind, fps, config, config_hash, workload, environment)"
+        " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             run.id,
             run.name,
             run.mode,
             _utc(started_unix),
             started_unix,
-            os.getpid(),
+            pid,
+            process_start(pid),
             os.uname().nodename,
             run.workload_kind,
             run.fps,
@@ -128,6 +131,7 @@ class RunRow:
     summary: dict[str, Any]
     verdict: str | None
     exit_code: int | None
+    pid_start: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (``soakd show --json``, the summary table)."""
@@ -260,7 +264,26 @@ def set_verdict(conn: sqlite3.Connection, run_id: str, verdict: str, exit_code: 
     )
 
 
-def _pid_alive(pid: int | None) -> bool:
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started: field 22 of /proc/<pid>/stat (clock ticks since boot),
+    which tells a process from a later one that reuses its pid. None where /proc does not
+    say (no such process, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # field 2 (comm) may hold spaces and parentheses: count the fields after its last ')'
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(rest[22 - 3])
+    except (IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int | None, started: int | None = None) -> bool:
+    """Whether the process ``pid`` still exists and, when its start time ``started`` was
+    recorded and /proc can tell, is the same process (started at that time)."""
     if not pid:
         return False
     try:
@@ -268,17 +291,28 @@ def _pid_alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if started is None:
         return True
-    return True
+    now = process_start(pid)
+    return now is None or now == started
+
+
+def find_orphaned_runs(conn: sqlite3.Connection) -> list[str]:
+    """Runs still ``running`` on this host whose process is gone (or whose pid now belongs
+    to a process that started at another time). Reads only."""
+    rows = conn.execute(
+        "SELECT id, pid, host, pid_start FROM runs WHERE status = 'running'"
+    ).fetchall()
+    host = os.uname().nodename
+    return [str(r[0]) for r in rows if r[2] == host and not _pid_alive(r[1], r[3])]
 
 
 def mark_orphaned_runs(conn: sqlite3.Connection) -> list[str]:
     """Mark runs left ``running`` on this host by a process that is gone as ``crashed``
     (verdict INVALID unless one was stored) with a ``crashed`` event; returns their ids.
     The caller holds the transaction (``db.connect`` wraps this in ``atomic``)."""
-    rows = conn.execute("SELECT id, pid, host FROM runs WHERE status = 'running'").fetchall()
-    host = os.uname().nodename
-    orphans = [str(r[0]) for r in rows if r[2] == host and not _pid_alive(r[1])]
+    orphans = find_orphaned_runs(conn)
     for rid in orphans:
         last = conn.execute(
             "SELECT max(t) FROM (SELECT max(t_capture) AS t FROM frames WHERE run_id = ?"
@@ -324,3 +358,19 @@ def list_baselines(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     ).fetchall()
     keys = ("name", "run_id", "created_at", "mode", "verdict", "workload_kind", "started_at")
     return [dict(zip(keys, tuple(r), strict=True)) for r in rows]
+
+
+def mark_forced(conn: sqlite3.Connection, run_id: str, reason: str) -> None:
+    """A run whose process is being forced out (a second stop signal) before it could close
+    or judge the run: aborted, INVALID, with ``reason`` and a ``signal`` event saying so."""
+    # two statements, each atomic on its own: the process may die between them
+    conn.execute(
+        "UPDATE runs SET status = CASE status WHEN 'running' THEN 'aborted' ELSE status END,"
+        " reason = COALESCE(reason, ?), verdict = COALESCE(verdict, 'INVALID'),"
+        " exit_code = COALESCE(exit_code, 3) WHERE id = ?",
+        (reason, run_id),
+    )
+    conn.execute(
+        "INSERT INTO events (run_id, t, wall, kind, message) VALUES (?, NULL, ?, 'signal', ?)",
+        (run_id, time.time(), f"{reason}: forced exit before the run was closed and judged"),
+    )

@@ -7,6 +7,7 @@ docs/schema.md documents every table, column and view.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 
@@ -242,15 +243,56 @@ SELECT run_id, CAST(t AS INTEGER) AS second, count(*) AS samples,
 FROM samples GROUP BY run_id, second;
 """,
     ),
+    (
+        "0002_runs_pid_start",
+        """
+-- the start time of the run's process (/proc/<pid>/stat field 22, clock ticks since boot):
+-- a pid that is alive but started at another time belongs to another process
+ALTER TABLE runs ADD COLUMN pid_start INTEGER;
+""",
+    ),
 ]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class NewerSchemaError(Exception):
+    """The database records migrations this soakd does not know: a newer soakd wrote it."""
+
+
+def _version(names: set[str]) -> int:
+    """The schema version a set of recorded migration names stands for (their highest
+    number prefix, ``0002_...`` = 2)."""
+    nums = [int(m.group()) for n in names if (m := re.match(r"\d+", n))]
+    return max(nums, default=len(names))
+
+
+def check_schema(conn: sqlite3.Connection) -> set[str]:
+    """The migration names recorded in the database (empty for a new file); raises
+    NewerSchemaError naming both schema versions when it records one this soakd lacks."""
+    has = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_migrations'"
+    ).fetchone()
+    if not has:
+        return set()
+    done = {str(r[0]) for r in conn.execute("SELECT name FROM _migrations")}
+    unknown = done - {name for name, _ in MIGRATIONS}
+    if unknown:
+        raise NewerSchemaError(
+            f"written by a newer soakd: schema version {_version(done)}"
+            f" ({', '.join(sorted(unknown))} unknown here), this soakd knows schema version"
+            f" {SCHEMA_VERSION}; upgrade soakd to use it"
+        )
+    return done
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:
-    """Apply pending migrations; returns the names applied."""
+    """Apply pending migrations; returns the names applied. Refuses (NewerSchemaError) a
+    database written by a newer soakd before changing anything."""
+    done = check_schema(conn)
     conn.execute(
         "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
     )
-    done = {r[0] for r in conn.execute("SELECT name FROM _migrations")}
     applied = []
     for name, script in MIGRATIONS:
         if name in done:
