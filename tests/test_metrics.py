@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
+from soakd.analysis.model import CriterionResult, Verdict
 from soakd.config import Settings
 from soakd.errors import UsageError
 from soakd.observers.base import Progress, RunInfo, RunResult
@@ -30,6 +32,7 @@ from soakd.observers.metrics import (
     verdict_rows,
 )
 from soakd.records import Event, FrameRecord, Sample
+from tests.conftest import REPO, soakd_cmd
 
 Scrape = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -253,16 +256,11 @@ def test_close_stops_serving() -> None:
 
 def test_verdict_from_soakd_analysis_is_exported() -> None:
     """The analysis package's own Verdict/CriterionResult map onto the verdict metrics."""
-    verdict_mod = pytest.importorskip(
-        "soakd.analysis.verdict", reason="soakd.analysis.verdict is not in the tree yet"
-    )
-    crit = verdict_mod.CriterionResult(
+    crit = CriterionResult(
         criterion="memory_floor_slope", title="memory", status="fail", value=7.5,
         threshold=5.0, unit="MB/min", detail="floor grows",
     )  # fmt: skip
-    verdict = verdict_mod.Verdict(
-        run_id="run-1", status="FAIL", exit_code=1, reason="memory", criteria=[crit]
-    )
+    verdict = Verdict(run_id="run-1", status="FAIL", exit_code=1, reason="memory", criteria=[crit])
     obs = MetricsObserver()
     obs.on_run_start(_info())
     obs.on_run_end(RunResult("run-1", "completed", None, 60.0, {}, verdict, 1))
@@ -332,3 +330,83 @@ def test_documented_alert_rules_fire_on_the_patterns_they_name() -> None:
             timeout=60,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _metrics_logs(addr: str) -> tuple[MetricsServer, list[dict[str, object]]]:
+    with capture_logs() as logs:
+        srv = start_exporter(addr)
+    return srv, logs
+
+
+def test_port_0_logs_the_chosen_port_in_one_line_a_user_can_scrape() -> None:
+    """``:0``: one line ``metrics on http://127.0.0.1:PORT/metrics`` at warning level (seen
+    beside the live display), naming the port actually bound; no exposure warning."""
+    srv, logs = _metrics_logs("127.0.0.1:0")
+    try:
+        assert [(e["log_level"], e["event"]) for e in logs] == [
+            ("warning", f"metrics on http://127.0.0.1:{srv.port}/metrics")
+        ]
+        assert srv.port != 0
+        scrape(f"http://127.0.0.1:{srv.port}/metrics")
+    finally:
+        srv.close()
+
+
+def test_fixed_loopback_port_logs_where_it_serves_at_info_without_warning() -> None:
+    """A named loopback port is logged at info only: nothing to warn about."""
+    with socket.socket() as probe:  # a port free right now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    srv, logs = _metrics_logs(f"127.0.0.1:{port}")
+    srv.close()
+    assert [(e["log_level"], e["event"]) for e in logs] == [
+        ("info", f"metrics on http://127.0.0.1:{port}/metrics")
+    ]
+
+
+def test_non_loopback_metrics_addr_warns_that_metrics_leave_this_host() -> None:
+    """``0.0.0.0:0`` binds every interface: a warning says the metrics are exposed beyond
+    this host (and how to keep them local), besides the line naming the chosen port."""
+    srv, logs = _metrics_logs("0.0.0.0:0")
+    try:
+        events = [(e["log_level"], str(e["event"])) for e in logs]
+        assert events[0] == ("warning", f"metrics on http://0.0.0.0:{srv.port}/metrics")
+        assert len(events) == 2 and events[1][0] == "warning"
+        assert events[1][1].startswith("metrics exposed beyond this host: listening on every")
+        assert f"127.0.0.1:{srv.port}" in events[1][1]
+        scrape(f"http://127.0.0.1:{srv.port}/metrics")
+    finally:
+        srv.close()
+
+
+@pytest.mark.slow
+def test_soakd_run_with_metrics_port_0_prints_the_port_it_serves_on(tmp_path: Path) -> None:
+    """A real ``soakd run --metrics-addr 127.0.0.1:0``: stderr names the chosen port in one
+    line while the run goes on, and that port answers a scrape with the run's metrics."""
+    cmd = soakd_cmd(
+        "run", "--db", str(tmp_path / "soakd.db"), "--duration", "6s", "--no-live",
+        "--log-text", "--metrics-addr", "127.0.0.1:0", "--set", "run.log_every=0",
+    )  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stderr is not None
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "metrics on http://127.0.0.1:" in line:
+                break
+        assert lines, "soakd wrote nothing on stderr"
+        port = int(lines[-1].split("metrics on http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        deadline = time.monotonic() + 20  # the exporter is up before the run row exists
+        while not (data := scrape(f"http://127.0.0.1:{port}/metrics")):
+            assert time.monotonic() < deadline, "the run's metrics never appeared"
+            time.sleep(0.2)
+        assert value(data, "soakd_run_status", status="running") == 1
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=60) in (0, 1, 3), rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sum("metrics on http://" in ln for ln in [*lines, *rest.splitlines()]) == 1
+    assert "exposed beyond this host" not in "".join(lines) + rest

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from soakd.analysis import evaluate, judge_run
+from soakd.analysis.model import RunData, Verdict
 from soakd.report import render
 from soakd.report.svg import HLine, Series, VLine, decimate, line_chart, nice_ticks
 from soakd.store import db as store
@@ -227,3 +228,86 @@ def test_cli_gate_passes_healthy_run(tmp_path: Path, subprocess_env: dict[str, s
     assert r.returncode == 0, r.stdout
     conn = store.connect(db)
     assert conn.execute("SELECT verdict FROM runs").fetchone()[0] == "PASS"
+
+
+HOSTILE = "<script>alert(1)</script> a|b \x1b[31mred\x1b[0m bell\x07\nnext & <b>"
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _hostile_run(
+    tmp_path: Path, *, db_name: str = "hostile", name: str | None = HOSTILE
+) -> tuple[RunData, Verdict]:
+    """The leaky run (in ``db_name``.db), named ``name``, whose error frame and event carry
+    HOSTILE text."""
+    db = tmp_path / f"{db_name}.db"
+    _make_db(db, leak=True)
+    conn = store.connect(db)
+    conn.execute("UPDATE runs SET name = ?", (name,))
+    conn.execute("UPDATE frames SET error = ? WHERE error IS NOT NULL", (HOSTILE,))
+    conn.execute("UPDATE events SET message = ? WHERE kind = 'error'", (HOSTILE,))
+    conn.close()
+    data, verdict = _load(db)
+    return data, verdict
+
+
+def test_junit_is_well_formed_without_control_chars_when_name_and_errors_hold_them(
+    tmp_path: Path,
+) -> None:
+    """A run name and an error message with <script>, |, an ANSI colour and a bell: the
+    JUnit document parses with xml.etree and carries no control character at all."""
+    data, v = _hostile_run(tmp_path)
+    assert any("\x07" in c.detail or "\x07" in json.dumps(c.evidence) for c in v.criteria)
+    text = render("junit", data, v)
+    assert not _XML_FORBIDDEN.search(text) and "\x1b" not in text
+    root = ET.fromstring(text.split("\n", 1)[1])
+    suite = root.find("testsuite")
+    assert suite is not None
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["run_id"] == "leaky"
+    assert props["run_name"] == "<script>alert(1)</script> a|b red bell\\x07\nnext & <b>"
+    failure = next(tc for tc in suite.iter("testcase") if tc.get("name") == "errors")
+    assert "\\x07" in ET.tostring(failure, "unicode")
+
+
+def test_junit_classname_is_the_run_name_not_the_run_id_so_ci_history_lines_up(
+    tmp_path: Path,
+) -> None:
+    """Two runs of one named config share their suite name and classnames (the run id is a
+    property); an unnamed run is classed by its workload kind; the testcase is the
+    criterion."""
+    names = []
+    for rid in ("leaky", "other"):
+        data, v = _hostile_run(tmp_path, db_name=rid, name="nightly cam-1.soak")
+        data.meta.run_id = v.run_id = rid
+        suite = ET.fromstring(render("junit", data, v).split("\n", 1)[1]).find("testsuite")
+        assert suite is not None
+        classes = {tc.get("classname") for tc in suite.iter("testcase")}
+        names.append((suite.get("name"), classes))
+        assert [tc.get("name") for tc in suite.iter("testcase")] == [
+            c.criterion for c in v.criteria
+        ]
+    assert names[0] == names[1] == ("soakd.nightly_cam-1.soak", {"soakd.nightly_cam-1.soak"})
+    data, v = _hostile_run(tmp_path, db_name="unnamed", name=None)
+    suite = ET.fromstring(render("junit", data, v).split("\n", 1)[1]).find("testsuite")
+    assert suite is not None and suite.get("name") == "soakd.synthetic"
+    assert {tc.get("classname") for tc in suite.iter("testcase")} == {"soakd.synthetic"}
+
+
+def test_markdown_escapes_html_pipes_and_newlines_from_run_name_and_errors(
+    tmp_path: Path,
+) -> None:
+    """The Markdown report shows no raw HTML from the run name or error text, and a `|` or
+    newline in them does not break the criteria table (every row keeps its 7 pipes)."""
+    data, v = _hostile_run(tmp_path)
+    md = render("md", data, v)
+    assert "<script>" not in md and "<b>" not in md and "&lt;script&gt;" in md
+    assert "\x1b" not in md and "\x07" not in md
+    head = next(ln for ln in md.splitlines() if ln.startswith("Run `leaky`"))
+    assert (
+        "(&lt;script&gt;alert(1)&lt;/script&gt; a\\|b red bell\\x07 next &amp; &lt;b&gt;)" in head
+    )
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert len(rows) == len(v.criteria) + 1
+    assert all(len(re.findall(r"(?<!\\)\|", ln)) == 7 for ln in rows)
+    errors_row = next(ln for ln in rows if "| errors |" in ln)
+    assert "&lt;script&gt;" in errors_row

@@ -17,10 +17,11 @@ import pytest
 
 from soakd.config import SourceSettings, load_settings
 from soakd.errors import ExitCode, SourceError
-from soakd.sources import Source, SourceEnded, build_source, open_source
+from soakd.sources import Source, SourceEnded, build_source, native, open_source
 from soakd.sources.images import natural_key
-from soakd.sources.opencv import LiveSource, VideoFileSource, redact_url
+from soakd.sources.opencv import NATIVE_GRACE_S, LiveSource, VideoFileSource, redact_url
 from soakd.sources.synthetic import SyntheticSource, frame_index
+from tests.silent_server import silent_listener
 
 NATIVE_FPS = 10
 N_FRAMES = 20  # 2 s of video
@@ -219,6 +220,23 @@ def test_unreachable_stream_fails_fast_naming_the_url() -> None:
         open_source(SourceSettings(kind="stream", url=url, open_timeout_s=5), fps=2)
     assert "secret" not in str(err.value)
     assert time.monotonic() - t < 5
+
+
+@pytest.mark.parametrize("scheme", ["rtsp", "http"])
+def test_silent_stream_open_times_out_leaving_no_thread_inside_ffmpeg(scheme: str) -> None:
+    """A server that accepts and never answers: SourceError naming open_timeout_s once
+    FFmpeg's own open timeout fired, and no thread is left inside the native call (one left
+    there aborts the process at exit)."""
+    with silent_listener() as port:
+        settings = SourceSettings(
+            kind="stream", url=f"{scheme}://127.0.0.1:{port}/x", open_timeout_s=1
+        )
+        t = time.monotonic()
+        with pytest.raises(SourceError, match=r"not opened within open_timeout_s = 1 s"):
+            open_source(settings, fps=2)
+        assert time.monotonic() - t < 1 + NATIVE_GRACE_S
+    assert native.alive() == []
+    assert not [t for t in threading.enumerate() if t.name == "soakd-source-open"]
 
 
 def test_url_with_unknown_scheme_is_rejected() -> None:

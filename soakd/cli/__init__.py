@@ -5,9 +5,13 @@ register themselves here."""
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import sys
 
 import typer
+
+from soakd.sources import native
 
 app = typer.Typer(
     name="soakd",
@@ -30,9 +34,29 @@ for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
+# how long the CLI waits at exit for a thread a source left inside OpenCV/FFmpeg
+NATIVE_EXIT_WAIT_S = 2.0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code. Usage errors (unknown option, bad value, unknown
-    command) are printed by typer with the usage line and exit 2."""
+    command) are printed by typer with the usage line and exit 2.
+
+    Last resort: a thread still inside OpenCV/FFmpeg when the interpreter shuts down aborts
+    the process (SIGABRT, exit 134) as soon as its native call returns (see
+    soakd.sources.native). When such a thread outlives ``NATIVE_EXIT_WAIT_S``, the process
+    leaves with ``os._exit(code)`` after flushing logs and stdio, so the exit code holds.
+    Only as the program itself (``argv`` None): a caller passing ``argv`` keeps its process."""
+    code = _main(argv)
+    if argv is None and not native.wait_native_threads(NATIVE_EXIT_WAIT_S):
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         app(args=argv, prog_name="soakd")
     except SystemExit as exc:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -228,7 +229,8 @@ def start_exporter(addr: str, registry: CollectorRegistry | None = None) -> Metr
     """Serve ``registry`` (a fresh one when None) on ``addr`` over HTTP at ``/metrics``.
 
     Port 0 picks a free port (``server.port`` tells which). Raises ``UsageError`` for a bad
-    address or one that cannot be bound (in use, not an address of this host).
+    address or one that cannot be bound (in use, not an address of this host). Logs where
+    it serves and warns when that is beyond this host (see ``announce``).
     """
     host, port = parse_metrics_addr(addr)
     reg = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -242,7 +244,30 @@ def start_exporter(addr: str, registry: CollectorRegistry | None = None) -> Metr
     thread = threading.Thread(target=httpd.serve_forever, name="soakd-metrics", daemon=True)
     thread.start()
     bound_port = int(httpd.server_address[1])
-    return MetricsServer(host, bound_port, reg, httpd, thread, tracker)
+    server = MetricsServer(host, bound_port, reg, httpd, thread, tracker)
+    announce(server, chosen=port == 0)
+    return server
+
+
+def announce(server: MetricsServer, *, chosen: bool, log: Any = None) -> None:
+    """One line ``metrics on http://HOST:PORT/metrics``: at info, or at warning when the
+    port was chosen by the system (``:0``), so it is seen even beside the live display,
+    which only lets warnings through; plus a warning when the host is not loopback."""
+    log = log if log is not None else structlog.get_logger("soakd.metrics")
+    line = f"metrics on {server.url}"
+    if chosen:
+        log.warning(line, url=server.url, port=server.port)
+    else:
+        log.info(line, url=server.url, port=server.port)
+    if not is_loopback(server.host):
+        where = "every interface" if server.host in ("0.0.0.0", "::") else server.host
+        log.warning(
+            f"metrics exposed beyond this host: listening on {where} port {server.port}; "
+            "anyone who can reach it reads run ids, config hashes and the hostname "
+            f"(use 127.0.0.1:{server.port} to keep them local)",
+            host=server.host,
+            port=server.port,
+        )
 
 
 # ---------------------------------------------------------------------------------------

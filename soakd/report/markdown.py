@@ -1,15 +1,24 @@
-"""The Markdown report: short enough for a pull-request comment."""
+"""The Markdown report: short enough for a pull-request comment.
+
+Text from the run (its name, reasons, error messages in details, warnings and hints) is
+escaped by ``_cell``: no raw HTML reaches the page, and no ``|`` or newline breaks a table.
+"""
 
 from __future__ import annotations
 
 from soakd.analysis.model import RunData, Verdict
+from soakd.report.text import plain
 
 _ICON = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "n/a": "➖"}
 _BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as inert Markdown on one line: ANSI codes and controls made visible
+    (``soakd.report.text.plain``), ``& < >`` as HTML entities, ``|`` escaped, line breaks
+    as spaces."""
+    text = plain(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("|", "\\|").replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
 def _num(v: float | None, unit: str) -> str:
@@ -25,8 +34,8 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
     lines = [
         f"## soakd verdict: {_BADGE.get(verdict.status, verdict.status)}",
         "",
-        f"Run `{m.run_id}`{f' ({m.name})' if m.name else ''}: {m.workload_kind or '?'} "
-        f"workload on {m.device or 'cpu'}, {dur}"
+        f"Run `{m.run_id}`{f' ({_cell(m.name)})' if m.name else ''}: "
+        f"{_cell(m.workload_kind or '?')} workload on {_cell(m.device or 'cpu')}, {dur}"
         f"{f' at {m.fps:g} fps' if m.fps else ''}, {verdict.window.get('measured_frames', 0)}"
         f" measured frames, exit code {int(verdict.exit_code)}.",
         "",
@@ -36,7 +45,7 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
     lines += ["| | criterion | value | threshold | unit | detail |", "|---|---|---:|---:|---|---|"]
     for c in verdict.criteria:
         lines.append(
-            f"| {_ICON.get(c.status, c.status)} | {c.criterion} | {_num(c.value, c.unit)} | "
+            f"| {_ICON.get(c.status, c.status)} | {_cell(c.criterion)} | {_num(c.value, c.unit)} | "
             f"{_num(c.threshold, c.unit)} | {c.unit} | {_cell(c.detail)} |"
         )
     if verdict.warnings:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from soakd.config import SourceSettings
 from soakd.sources.base import Source, SourceEnded
+from soakd.sources.synthetic import SyntheticSource
 
 __all__ = ["Source", "SourceEnded", "build_source", "open_source"]
 
@@ -27,9 +28,8 @@ def build_source(
     the clock a video file is sampled on; default ``time.perf_counter``."""
     kind = settings.kind
     if kind == "synthetic":
-        from soakd.sources.synthetic import SyntheticSource
-
         return SyntheticSource(settings, fps=fps, seed=seed)
+    # the other kinds need cv2, a heavy import: only for the runs that use it
     if kind == "video":
         from soakd.sources.opencv import VideoFileSource
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from soakd.config import SourceSettings
 from soakd.errors import SourceError
+from soakd.sources import native
 
 T = TypeVar("T")
 Resize = Callable[[np.ndarray], np.ndarray]
@@ -83,11 +84,16 @@ def as_bgr(img: np.ndarray) -> np.ndarray:
     return img
 
 
-def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
+def call_with_timeout(
+    fn: Callable[[], T], timeout_s: float, what: str, *, grace_s: float = 0.0
+) -> T:
     """Run ``fn`` (a blocking open) in a helper thread and give up after ``timeout_s``.
 
+    ``grace_s`` is extra time for a call that has its own native timeout of ``timeout_s``
+    (FFmpeg's open timeout): waiting for it to return by itself leaves no thread behind.
     OpenCV's open calls cannot be interrupted; a hung one is left to finish in its daemon
-    thread while the caller gets a ``SourceError`` naming ``what``.
+    thread (handed to ``soakd.sources.native.track``, so the process can still exit cleanly)
+    while the caller gets a ``SourceError`` naming ``what``.
     """
     box: dict[str, Any] = {}
 
@@ -99,8 +105,9 @@ def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
 
     thread = threading.Thread(target=target, name="soakd-source-open", daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    thread.join(timeout_s + grace_s)
     if thread.is_alive():
+        native.track(thread)
         raise SourceError(f"{what}: not opened within open_timeout_s = {timeout_s:g} s")
     if "error" in box:
         err = box["error"]

@@ -18,6 +18,7 @@ them are counted (``describe()["overwritten"]``).
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import time
@@ -30,9 +31,13 @@ import numpy as np
 
 from soakd.config import SourceSettings
 from soakd.errors import SourceError
+from soakd.sources import native
 from soakd.sources.base import SourceEnded, as_bgr, call_with_timeout, make_resize
 
 NowFn = Callable[[], float]
+# FFmpeg's own open/read timeouts are set to open_timeout_s/read_timeout_s; soakd waits this
+# much longer for the native call to return by itself, so no thread is left inside FFmpeg.
+NATIVE_GRACE_S = 1.5
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "tcp", "srt")
 _CRED_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@:]+):([^/@]*)@", re.IGNORECASE)
@@ -41,6 +46,18 @@ _CRED_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@:]+):([^/@]*)@", re.IGNORECA
 def redact_url(url: str) -> str:
     """``rtsp://user:secret@host/x`` -> ``rtsp://user:***@host/x`` (for logs and the store)."""
     return _CRED_RE.sub(r"\1\2:***@", url)
+
+
+def quiet_native_logs() -> None:
+    """OpenCV's warnings and FFmpeg's messages below quiet: a source that cannot be opened
+    is one ``SourceError`` line. Setting ``OPENCV_LOG_LEVEL`` or ``OPENCV_FFMPEG_LOGLEVEL``
+    in the environment keeps the native logs (FFmpeg reads its variable at its first open)."""
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
+    if "OPENCV_LOG_LEVEL" not in os.environ:
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+
+quiet_native_logs()
 
 
 def _positive(value: float) -> float | None:
@@ -218,6 +235,7 @@ class LiveSource:
 
     def _capture(self) -> Any:
         s = self.settings
+        start = time.monotonic()
         if self.kind == "stream":
             params = [
                 cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(s.open_timeout_s * 1000),
@@ -228,6 +246,11 @@ class LiveSource:
             cap = cv2.VideoCapture(s.index)
         if not cap.isOpened():
             cap.release()
+            if time.monotonic() - start >= s.open_timeout_s:  # FFmpeg's open timeout fired
+                raise SourceError(
+                    f"{self.what}: not opened within open_timeout_s = {s.open_timeout_s:g} s "
+                    "(no answer)"
+                )
             raise SourceError(f"{self.what}: cannot open it (no such device or not reachable)")
         return cap
 
@@ -236,7 +259,8 @@ class LiveSource:
             return
         timeout = self.settings.open_timeout_s
         start = time.monotonic()
-        self._cap = call_with_timeout(self._capture, timeout, self.what)
+        grace = NATIVE_GRACE_S if self.kind == "stream" else 0.0
+        self._cap = call_with_timeout(self._capture, timeout, self.what, grace_s=grace)
         self.native_fps = _positive(self._cap.get(cv2.CAP_PROP_FPS))
         self._stop.clear()
         self._thread = threading.Thread(
@@ -319,6 +343,7 @@ class LiveSource:
         if thread is not None and thread is not threading.current_thread():
             thread.join(self.settings.read_timeout_s + 1.0)
             if thread.is_alive():  # stuck inside the driver: releasing now could crash
+                native.track(thread)
                 return
         self._thread = None
         if self._cap is not None:

@@ -9,6 +9,7 @@ no-op workload at hundreds of fps is never capture-bound.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,8 @@ class SyntheticSource:
         self._stamp_cols = STAMP_BITS * bw
         self._stamp_rows = min(STAMP_ROWS, self.height)
         self._bit_of_col = np.repeat(np.arange(STAMP_BITS, dtype=np.int64), bw)
+        self._min_gap_s = 1.0 / settings.max_fps if settings.max_fps > 0 else 0.0
+        self._next_s = 0.0
 
     def open(self) -> None:
         if self._strip is not None:
@@ -111,6 +114,11 @@ class SyntheticSource:
         return out
 
     def read(self) -> tuple[np.ndarray, float | None]:
+        if self._min_gap_s:  # a source slower than the rate: block until it has a frame
+            now = time.perf_counter()
+            if now < self._next_s:
+                time.sleep(self._next_s - now)
+            self._next_s = max(now, self._next_s) + self._min_gap_s
         n = self._n
         self._n = n + 1
         return self.render(n), n / self.fps
@@ -127,4 +135,5 @@ class SyntheticSource:
             "seed": self.seed,
             "step_px": self.step,
             "fps": self.fps,
+            "max_fps": self.settings.max_fps,
         }

@@ -1,0 +1,40 @@
+"""A real TCP listener on 127.0.0.1 that accepts every connection and never sends a byte:
+the stream server that hangs a naive client forever."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def silent_listener() -> Iterator[int]:
+    """Listen on an ephemeral loopback port (yielded); accepted sockets are held open, unread
+    and unanswered, until the block ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, name="silent-listener", daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2.0)
+        for conn in held:
+            conn.close()
+        server.close()
