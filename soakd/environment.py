@@ -10,7 +10,10 @@ import os
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 import soakd
 
@@ -60,6 +63,42 @@ def gpu_facts(device_index: int = 0) -> dict[str, Any]:
     return facts
 
 
+def _cgroup_paths(root: Path, proc_cgroup: Path) -> list[Path]:
+    """Where this process's memory limit may be written, most specific first."""
+    out: list[Path] = []
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, rel = [*line.split(":", 2), "", ""][:3]
+        rel = rel.lstrip("/")
+        if controllers == "":  # cgroup v2
+            out += [root / rel / "memory.max", root / "memory.max"]
+        elif "memory" in controllers.split(","):  # cgroup v1
+            out += [
+                root / "memory" / rel / "memory.limit_in_bytes",
+                root / "memory" / "memory.limit_in_bytes",
+            ]
+    return out
+
+
+def cgroup_memory_limit(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """This process's cgroup memory limit in bytes (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``); None when unlimited or unknown."""
+    for f in _cgroup_paths(root, proc_cgroup):
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # v1 writes a huge number for "no limit"
+            return int(text)
+        return None
+    return None
+
+
 def collect(*, gpu: bool = True) -> dict[str, Any]:
     env: dict[str, Any] = {
         "host": os.uname().nodename,
@@ -73,6 +112,9 @@ def collect(*, gpu: bool = True) -> dict[str, Any]:
         "numpy": _version("numpy"),
         "opencv": _version("opencv-python-headless") or _version("opencv-python"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # what host memory a leak has to exhaust (the memory headroom criterion)
+        "host_mem_total_bytes": psutil.virtual_memory().total,
+        "cgroup_mem_max_bytes": cgroup_memory_limit(),
     }
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -85,3 +85,48 @@ class SlowingGenerator:
 
 def slowing_generator(options: dict[str, Any], ctx: WorkloadContext) -> SlowingGenerator:
     return SlowingGenerator(float(options.get("base_ms", 5)), float(options.get("slope", 0)))
+
+
+class Lifecycle:
+    """A staged workload that fails where ``options`` say: ``fail = "setup" | "close" |
+    "exit" | "memory"`` (setup raises, close raises, setup calls sys.exit(0), or every 3rd
+    infer raises MemoryError as a host out of memory would)."""
+
+    shape: Literal["staged"] = "staged"
+
+    def __init__(self, fail: str) -> None:
+        self.fail = fail
+        self.n = 0
+
+    def setup(self) -> None:
+        if self.fail == "setup":
+            raise RuntimeError("weights are corrupt")
+        if self.fail == "exit":
+            import sys
+
+            sys.exit(0)
+
+    def preprocess(self, frame: Frame) -> Any:
+        return frame.id
+
+    def infer(self, inputs: Any) -> Any:
+        self.n += 1
+        if self.fail == "memory" and self.n % 3 == 0:
+            raise MemoryError("cannot allocate 64 MiB")
+        return inputs
+
+    def decode(self, outputs: Any) -> StageOutput:
+        return StageOutput(text="ok", tokens=1)
+
+    def sync(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "lifecycle", "fail": self.fail}
+
+    def close(self) -> None:
+        if self.fail == "close":
+            raise RuntimeError("generation thread died: CUDA error: device-side assert")
+
+
+def lifecycle(options: dict[str, Any], ctx: WorkloadContext) -> Lifecycle:
+    return Lifecycle(str(options["fail"]))

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from soakd.cli.common import DB_HELP, console, error, open_db
 from soakd.cli.output import write_output
@@ -21,6 +24,9 @@ from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
 from soakd.observers.logs import configure_logging
 from soakd.store import runs
+from soakd.studies.compare import compare
+from soakd.studies.profiling import profile
+from soakd.studies.sweep import parse_vary, sweep
 
 CONFIG_ARG = typer.Argument(help="TOML config (default: embedded).")
 SET_HELP = "Override a key: section.key=value (repeatable)."
@@ -45,8 +51,6 @@ def profile_cmd(
     """Run N frames back to back and print the stage table, the first frame apart, peak
     memory, the theoretical rate (1000 / median total) and a recommended --fps. Exit code:
     0 measured, 2 usage/config error, 3 no frame finished after the first."""
-    from soakd.studies.profiling import profile
-
     settings = _settings(config, set_, db)
     configure_logging(level="warning")
     try:
@@ -63,9 +67,6 @@ def _progress_bar(enabled: bool, total: int) -> Iterator[Any]:
     if not enabled:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -97,8 +98,6 @@ def sweep_cmd(
 ) -> None:
     """Profile once per value of one variable, everything else held fixed; mark the knee and
     where the usable range ends. Exit code: 0, 2 usage/config error, 3 every value rejected."""
-    from soakd.studies.sweep import parse_vary, sweep
-
     if fmt not in ("md", "json"):
         raise error(f"--format {fmt}: expected md or json")
     settings = _settings(config, set_, db)
@@ -138,8 +137,6 @@ def compare_cmd(
     """Compare two runs (or a run and a baseline): config diff, stage and frame-age
     statistics, drops, memory floor slopes and criteria, each with its change and whether it
     is beyond noise. Exit code: 0, 1 regression (with --fail-on-regression), 2 usage error."""
-    from soakd.studies.compare import compare
-
     if not 0 < alpha < 0.5:
         raise error(f"--alpha: must be between 0 and 0.5, got {alpha}")
     conn = open_db(db)
@@ -213,8 +210,6 @@ def baseline_list_cmd(
         for r in rows:
             print(json.dumps(r))
         return
-    from rich.table import Table
-
     t = Table()
     for c in ("name", "run_id", "marked", "mode", "verdict", "workload", "started"):
         t.add_column(c)

@@ -238,12 +238,45 @@ def line_chart(
     the legend as "(no data)" and not drawn.
     """
     left, right, top, bottom = 64, 16, 26 if title else 12, 36
-    pw, ph = width - left - right, height - top - bottom
-    prepared: list[tuple[Series, np.ndarray, np.ndarray]] = []
-    for s in series:
-        xs, ys = decimate(s.x, s.y, max_points)
-        prepared.append((s, xs, ys))
+    box = _Box(left, top, width - left - right, height - top - bottom)
+    prepared = [(s, *decimate(s.x, s.y, max_points)) for s in series]
+    sx, sy = _scales(prepared, box, hlines, vlines, x_range, y_range, y_zero)
+    clip = f"clip-{panel_id or id(series)}"
+    out = _frame(box, width, height, title, y_label, panel_id, clip)
+    out += [_span(sp, sx, box) for sp in spans]
+    out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label))
+    out.append(f'<g clip-path="url(#{escape(clip)})">')
+    for i, (s, xs, ys) in enumerate(prepared):
+        out.append(_draw_series(s, sx(xs), sy(ys), s.color or PALETTE[i % len(PALETTE)]))
+    out += [_hline(h, sy, box) for h in hlines]
+    out += [_vline(v, sx, box) for v in vlines]
+    out.append("</g>")
+    if legend and series:
+        out.append(_legend(prepared, left, top))
+    out.append("</svg>")
+    return "".join(out)
 
+
+@dataclass(frozen=True, slots=True)
+class _Box:
+    """The plot area inside a chart: its top-left corner, width and height in px."""
+
+    left: float
+    top: float
+    w: float
+    h: float
+
+
+def _scales(
+    prepared: Sequence[tuple[Series, np.ndarray, np.ndarray]],
+    box: _Box,
+    hlines: Sequence[HLine],
+    vlines: Sequence[VLine],
+    x_range: tuple[float, float] | None,
+    y_range: tuple[float, float] | None,
+    y_zero: bool,
+) -> tuple[_Scale, _Scale]:
+    """Data -> pixel scales: pinned ranges as given, else the data's (and the lines')."""
     if x_range is None:
         x_lo, x_hi = _data_range([p[1] for p in prepared], [v.x for v in vlines])
     else:
@@ -255,12 +288,20 @@ def line_chart(
         y_lo, y_hi = (y_lo if y_zero and y_lo == 0 else y_lo - pad), y_hi + pad
     else:
         y_lo, y_hi = y_range
-    sx = _Scale(x_lo, x_hi, left, left + pw)
-    sy = _Scale(y_lo, y_hi, top + ph, top)
+    sx = _Scale(x_lo, x_hi, box.left, box.left + box.w)
+    sy = _Scale(y_lo, y_hi, box.top + box.h, box.top)
+    return sx, sy
 
+
+def _frame(
+    box: _Box, width: int, height: int, title: str | None, y_label: str,
+    panel_id: str | None, clip: str,
+) -> list[str]:  # fmt: skip
+    """The ``<svg>`` opening, its title, the plot area and the clip path of the data."""
     attrs = f' data-panel="{escape(panel_id)}"' if panel_id else ""
     label = escape(title or y_label or "chart")
-    out: list[str] = [
+    left, top, pw, ph = box.left, box.top, box.w, box.h
+    out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="{label}"{attrs} font-family="sans-serif" font-size="11">',
@@ -271,51 +312,48 @@ def line_chart(
         out.append(
             f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>'
         )
-    # clip data to the plot area
-    clip = f"clip-{panel_id or id(series)}"
     out.append(
         f'<clipPath id="{escape(clip)}"><rect x="{left}" y="{top}" width="{pw}" '
         f'height="{ph}"/></clipPath>'
     )
-    for sp in spans:
-        x0, x1 = sorted((sx.one(sp.x0), sx.one(sp.x1)))
-        x0, x1 = max(x0, left), min(x1, left + pw)
-        if x1 > x0:
-            out.append(
-                f'<rect class="span" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" '
-                f'height="{ph}" fill="{sp.color}" fill-opacity="{sp.opacity}">'
-                f"<title>{escape(sp.label)}</title></rect>"
-            )
-    out.extend(_axes(sx, sy, left, top, pw, ph, x_label, y_label))
-    out.append(f'<g clip-path="url(#{escape(clip)})">')
-    for i, (s, xs, ys) in enumerate(prepared):
-        color = s.color or PALETTE[i % len(PALETTE)]
-        out.append(_draw_series(s, sx(xs), sy(ys), color))
-    for h in hlines:
-        yy = sy.one(h.y)
-        dash = f' stroke-dasharray="{h.dash}"' if h.dash else ""
-        out.append(
-            f'<line class="hline" x1="{left}" x2="{left + pw}" y1="{yy:.1f}" '
-            f'y2="{yy:.1f}" stroke="{h.color}"{dash}/>'
-        )
-        if h.label:
-            out.append(
-                f'<text x="{left + pw - 4}" y="{yy - 3:.1f}" text-anchor="end" '
-                f'fill="{h.color}">{escape(h.label)}</text>'
-            )
-    for v in vlines:
-        xx = sx.one(v.x)
-        dash = f' stroke-dasharray="{v.dash}"' if v.dash else ""
-        out.append(
-            f'<line class="vline" x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" '
-            f'y2="{top + ph}" stroke="{v.color}"{dash}><title>{escape(v.label)}'
-            "</title></line>"
-        )
-    out.append("</g>")
-    if legend and series:
-        out.append(_legend(prepared, left, top))
-    out.append("</svg>")
-    return "".join(out)
+    return out
+
+
+def _span(sp: Span, sx: _Scale, box: _Box) -> str:
+    x0, x1 = sorted((sx.one(sp.x0), sx.one(sp.x1)))
+    x0, x1 = max(x0, box.left), min(x1, box.left + box.w)
+    if x1 <= x0:
+        return ""
+    return (
+        f'<rect class="span" x="{x0:.1f}" y="{box.top}" width="{x1 - x0:.1f}" '
+        f'height="{box.h}" fill="{sp.color}" fill-opacity="{sp.opacity}">'
+        f"<title>{escape(sp.label)}</title></rect>"
+    )
+
+
+def _hline(h: HLine, sy: _Scale, box: _Box) -> str:
+    yy = sy.one(h.y)
+    dash = f' stroke-dasharray="{h.dash}"' if h.dash else ""
+    line = (
+        f'<line class="hline" x1="{box.left}" x2="{box.left + box.w}" y1="{yy:.1f}" '
+        f'y2="{yy:.1f}" stroke="{h.color}"{dash}/>'
+    )
+    if not h.label:
+        return line
+    return line + (
+        f'<text x="{box.left + box.w - 4}" y="{yy - 3:.1f}" text-anchor="end" '
+        f'fill="{h.color}">{escape(h.label)}</text>'
+    )
+
+
+def _vline(v: VLine, sx: _Scale, box: _Box) -> str:
+    xx = sx.one(v.x)
+    dash = f' stroke-dasharray="{v.dash}"' if v.dash else ""
+    return (
+        f'<line class="vline" x1="{xx:.1f}" x2="{xx:.1f}" y1="{box.top}" '
+        f'y2="{box.top + box.h}" stroke="{v.color}"{dash}><title>{escape(v.label)}'
+        "</title></line>"
+    )
 
 
 def _draw_series(s: Series, px: np.ndarray, py: np.ndarray, color: str) -> str:

@@ -33,9 +33,11 @@ class Pacer:
         on_end: Callable[[BaseException], None],
         audio: Any = None,
         audio_rate: int | None = None,
+        on_missed: Callable[[int, str, int], None] | None = None,
     ) -> None:
         self.read = read
         self.queue = queue
+        self.on_missed = on_missed
         self.period_ns = round(1e9 / fps)
         self.clock = clock
         self.t0_ns = t0_ns
@@ -46,6 +48,10 @@ class Pacer:
         self.stop_event = threading.Event()
         self.captured = 0
         self.missed_ticks = 0
+        #: missed ticks by cause: the source read took a whole period or more ("source"), or
+        #: the pacer itself woke late, i.e. the process did not run on time ("pause")
+        self.missed_by = {"source": 0, "pause": 0}
+        self._last_read_ns = 0
         self.thread = threading.Thread(target=self._loop, name="soakd-pacer", daemon=True)
 
     def start(self) -> None:
@@ -55,6 +61,18 @@ class Pacer:
         self.stop_event.set()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout)
+
+    def _missed(self, n: int, deadline_ns: int) -> None:
+        cause = "source" if self._last_read_ns >= self.period_ns else "pause"
+        self.missed_ticks += n
+        self.missed_by[cause] += n
+        if self.on_missed is not None:
+            self.on_missed(n, cause, deadline_ns)
+
+    @property
+    def ticks(self) -> int:
+        """Ticks the target rate asked for so far: captured or missed."""
+        return self.captured + self.missed_ticks
 
     def _audio_chunk(self, t_ns: int) -> np.ndarray | None:
         if self.audio is None or not self.audio_rate:
@@ -76,7 +94,7 @@ class Pacer:
                 now = clock.now_ns()
                 if now - deadline >= period:  # late by a whole period: skip ahead, no burst
                     k_next = (now - self.t0_ns) // period + 1
-                    self.missed_ticks += k_next - k
+                    self._missed(k_next - k, deadline)
                     k = k_next
                     deadline = self.t0_ns + k * period
                 if not clock.sleep_until(deadline, stop):
@@ -84,6 +102,7 @@ class Pacer:
                 start = clock.now_ns()
                 image, source_ts = self.read()
                 done = clock.now_ns()
+                self._last_read_ns = done - start
                 frame = Frame(
                     id=fid,
                     t_sched_ns=deadline,

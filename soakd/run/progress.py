@@ -12,7 +12,7 @@ class Rolling:
     """Recent per-stage values for the once-a-second progress snapshot (bounded)."""
 
     def __init__(self, n: int = 128) -> None:
-        self.vals = {k: deque[float](maxlen=n) for k in (*STAGES, "age")}
+        self.vals = {k: deque[float](maxlen=n) for k in (*STAGES, "age", "e2e")}
         self.done_times: deque[float] = deque(maxlen=4096)
 
     def add(self, r: FrameRecord) -> None:
@@ -30,8 +30,16 @@ class Rolling:
             v["total"].append(r.total_ms)
         if r.frame_age_ms is not None:
             v["age"].append(r.frame_age_ms)
+        if r.e2e_ms is not None:
+            v["e2e"].append(r.e2e_ms)
         if r.t_done is not None:
             self.done_times.append(r.t_done)
+
+    def worst_ms(self) -> float | None:
+        """The longest recent frame (its stages, or capture to output): what a healthy
+        frame can take, for sizing the stall timeout."""
+        worst = [max(self.vals[k]) for k in ("total", "e2e") if self.vals[k]]
+        return max(worst) if worst else None
 
     def median(self, key: str) -> float | None:
         d = self.vals[key]

@@ -35,7 +35,7 @@ from soakd.run.pacer import Pacer, UnpacedGrab
 from soakd.run.progress import Rolling
 from soakd.run.queue import FrameQueue
 from soakd.sources import open_source
-from soakd.sources.audio import make_audio_source
+from soakd.sources.audio import AudioSource, make_audio_source
 from soakd.sources.base import Source
 from soakd.store import db as store
 from soakd.store import runs
@@ -47,7 +47,14 @@ from soakd.workloads.registry import build_workload
 log = structlog.get_logger("soakd.run.runner")
 
 #: events that are also logged as warnings
-_WARN_EVENTS = ("error", "oom", "stall", "source_end", "signal", "sampler_crashed")
+_WARN_EVENTS = ("error", "oom", "stall", "source_end", "signal", "sampler_crashed", "pause")
+
+#: the stall timeout, once frames finish: this many times the longest recent frame (or the
+#: frame period, if longer), never under STALL_FLOOR_S, never over ``run.stall_timeout_s``
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 5.0
+#: how long ``workload.close()`` may take before the run goes on without it
+CLOSE_TIMEOUT_S = 30.0
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -153,6 +160,10 @@ class Run:
         self._last_sample: Sample | None = None
         self._source_error: BaseException | None = None
         self._queue: FrameQueue | None = None
+        self._source_slow_logged = False
+        self._workload_closed = False
+        self._writer_started = False
+        self._at_stop: tuple[int | None, float] = (None, settings.run.stall_timeout_s)
         self.t0_ns = 0
         self.log = log.bind(run_id=self.run_id)
 
@@ -195,7 +206,7 @@ class Run:
         except store.StoreError as exc:
             raise UsageError(str(exc)) from None
 
-    def _open_inputs(self, stack: contextlib.ExitStack) -> tuple[Source, Any]:
+    def _open_inputs(self, stack: contextlib.ExitStack) -> tuple[Source, AudioSource | None]:
         s = self.settings
         source = open_source(s.source, fps=s.run.fps, seed=s.run.seed)
         source.open()
@@ -223,6 +234,14 @@ class Run:
             wl.setup()
         except (WorkloadError, SoakdError, FileNotFoundError) as exc:
             raise UsageError(f"workload {s.workload.kind!r}: {exc}") from None
+        except SystemExit as exc:  # a factory or setup() that calls sys.exit(): nothing ran
+            raise UsageError(
+                f"workload {s.workload.kind!r}: called sys.exit({exc.code}) while loading"
+            ) from None
+        except Exception as exc:  # the model's own loading code raised: a one-line error
+            raise UsageError(
+                f"workload {s.workload.kind!r}: setup failed: {type(exc).__name__}: {exc}"
+            ) from None
         if getattr(wl, "shape", None) not in ("staged", "session", "generator"):
             raise UsageError(
                 f"workload {s.workload.kind!r}: object has no valid 'shape' "
@@ -240,7 +259,7 @@ class Run:
             t_load = time.perf_counter()
             workload = self._build_workload()
             load_s = time.perf_counter() - t_load
-            stack.callback(workload.close)
+            stack.callback(self._close_workload, workload)
             return self._soak(conn, source, audio, workload, load_s)
         raise AssertionError("unreachable")  # pragma: no cover (ExitStack may swallow)
 
@@ -248,7 +267,7 @@ class Run:
         self,
         conn: sqlite3.Connection,
         source: Source,
-        audio: Any,
+        audio: AudioSource | None,
         workload: Workload,
         load_s: float,
     ) -> RunResult:
@@ -257,10 +276,14 @@ class Run:
         runs.open_run(conn, self._new_run(workload, source, load_s, env), self.clock.wall())
         self.writer = store.StoreWriter(self.db_path, self.run_id)
         self.writer.start()
+        self._writer_started = True
         built = self._build_stack(source, audio, workload)
         self._announce(env)
-        stalled = self._run_stack(built)
-        return self._close(conn, built, load_s, stalled)
+        self._run_stack(built)
+        t_end_ns = self.clock.now_ns()
+        # release the model before judging: judging needs memory a leak may have taken
+        self._close_workload(workload)
+        return self._close(conn, built, load_s, t_end_ns)
 
     def _new_run(
         self, workload: Workload, source: Source, load_s: float, env: dict[str, Any]
@@ -305,7 +328,7 @@ class Run:
             mode=self.mode,
         )
 
-    def _build_stack(self, source: Source, audio: Any, workload: Workload) -> _Stack:
+    def _build_stack(self, source: Source, audio: AudioSource | None, workload: Workload) -> _Stack:
         s, clock = self.settings, self.clock
         rate = s.audio.sample_rate if audio is not None else None
         sampler = Sampler(
@@ -330,6 +353,7 @@ class Run:
                 on_end=self._source_ended,
                 audio=audio,
                 audio_rate=rate,
+                on_missed=self._ticks_missed,
             )
         else:
             grab = UnpacedGrab(
@@ -376,6 +400,35 @@ class Run:
             self._queue.close()
         self.request_stop(f"source ended: {exc}")
 
+    def _ticks_missed(self, n: int, cause: str, deadline_ns: int) -> None:
+        """A pause (the process did not run on time) is an event; a slow source misses ticks
+        on every frame, so only its first miss is."""
+        if cause != "pause" and self._source_slow_logged:
+            return
+        self._source_slow_logged |= cause != "pause"
+        ms = n * 1e3 / self.settings.run.fps
+        what = "the process did not run on time" if cause == "pause" else "the source was slow"
+        kind = "pause" if cause == "pause" else "source_slow"
+        self._event(self._now_event(kind, f"{n} tick(s) missed (~{ms:.0f} ms): {what}"))
+
+    def on_signal(self, signum: int, reason: str) -> None:
+        """A stop signal: recorded as a ``signal`` event, then the run stops cleanly."""
+        if self._writer_started:
+            self._event(self._now_event("signal", f"{reason}: stopping"))
+        self.request_stop(reason)
+
+    def mark_forced(self, reason: str) -> None:
+        """A second stop signal: the process is about to die; leave the run row INVALID
+        with that reason (best effort, on a fresh connection)."""
+        try:
+            conn = store.connect(self.db_path, mark_orphans=False)
+            try:
+                runs.mark_forced(conn, self.run_id, reason)
+            finally:
+                conn.close()
+        except Exception as exc:
+            self.log.warning("cannot mark the forced exit", error=f"{type(exc).__name__}: {exc}")
+
     def _driver_crashed(self, exc: BaseException) -> None:
         if self._source_error is not None:
             return  # unpaced: the source ended under the driver, already recorded
@@ -396,17 +449,50 @@ class Run:
             self.log.exception("monitor crashed")
             stalled = False
         self.obs.on_stopping(self._outcome.reason or "completed")
-        stall_s = self.settings.run.stall_timeout_s
-        built.driver.join_s = 1.0 if stalled else max(5.0, min(60.0, stall_s))
+        built.driver.join_s = 1.0 if stalled else self._grace_s(built.ctx.counters)
         for part in reversed(built.parts):
             part.stop()
+        c = built.ctx.counters
+        # as the run ended, before closing the workload can release a hung frame
+        self._at_stop = (c.in_flight_since_ns, self.stall_timeout_s(c))
+        if not stalled and c.in_flight_since_ns is not None:
+            stalled = self._stalled_at_end(c)
         return stalled
+
+    def stall_timeout_s(self, c: Counters) -> float:
+        """The configured stall timeout until a frame finished; then scaled to the run:
+        STALL_FACTOR x the longest recent frame or the frame period, at least STALL_FLOOR_S,
+        at most the configured value (a 60 s default cannot protect a 20 s soak)."""
+        cap = self.settings.run.stall_timeout_s
+        worst_ms = self._rolling.worst_ms()
+        if c.done == 0 or worst_ms is None:
+            return cap
+        frame_s = max(1.0 / self.settings.run.fps, worst_ms / 1e3)
+        return min(cap, max(STALL_FLOOR_S, STALL_FACTOR * frame_s))
+
+    def _grace_s(self, c: Counters) -> float:
+        """How long to wait at the end for the frame in flight: what is left of its stall
+        budget (a frame that takes longer is a hang), or 5 s when none is in flight."""
+        since = c.in_flight_since_ns
+        if since is None:
+            return 5.0
+        return max(1.0, self.stall_timeout_s(c) - (self.clock.now_ns() - since) / 1e9)
+
+    def _stalled_at_end(self, c: Counters) -> bool:
+        """The frame in flight when the run ended never finished: a hang the duration hid."""
+        since = c.in_flight_since_ns
+        if since is None:
+            return False
+        msg = "the frame in flight at the end did not finish: " + self._stall_message(c, since)
+        self._event(self._now_event("stall", msg))
+        with self._outcome_lock:
+            self._outcome = Outcome("aborted", "stalled", self._outcome.internal)
+        return True
 
     def _monitor(self, built: _Stack) -> bool:
         """Runs in the calling thread until the run should end. Returns True on a stall."""
         s, clock, c = self.settings, self.clock, built.ctx.counters
         end_ns = self.t0_ns + int(s.run.duration * 1e9)
-        stall_ns = int(s.run.stall_timeout_s * 1e9)
         next_progress = self.t0_ns + 1_000_000_000
         ready, warm_logged, last_done_seen = False, s.run.warmup_s <= 0, 0
         while not self.stop.wait(0.05):
@@ -421,8 +507,8 @@ class Run:
                 warm_logged = True
                 self._event(self._now_event("warmup_end", f"warm-up of {s.run.warmup_s:g} s ended"))
             since = c.in_flight_since_ns
-            if since is not None and now - since > stall_ns:
-                self._event(self._now_event("stall", self._stall_message(since)))
+            if since is not None and now - since > self.stall_timeout_s(c) * 1e9:
+                self._event(self._now_event("stall", self._stall_message(c, since)))
                 self.request_stop("stalled")
                 return True
             if self.writer.error is not None:
@@ -434,9 +520,9 @@ class Run:
                 self.obs.on_progress(self._progress(built, now, end_ns, progressing))
         return False
 
-    def _stall_message(self, since_ns: int) -> str:
+    def _stall_message(self, c: Counters, since_ns: int) -> str:
         return (
-            f"no frame finished for {self.settings.run.stall_timeout_s:g} s "
+            f"no frame finished for {self.stall_timeout_s(c):.3g} s "
             f"(frame in flight since t={(since_ns - self.t0_ns) / 1e9:.1f} s)"
         )
 
@@ -464,11 +550,45 @@ class Run:
         )
 
     # --- closing
+    def _close_workload(self, workload: Workload) -> None:
+        """``workload.close()`` once, in its own thread, for at most CLOSE_TIMEOUT_S. A close
+        that raises or hangs (a session whose generation thread died re-raises its error
+        here) is stored as an ``error`` event and the run cannot pass: it is aborted with
+        that cause as its reason (INVALID), and its verdict is still computed."""
+        if self._workload_closed:
+            return
+        self._workload_closed = True
+        failure: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                workload.close()
+            except BaseException as exc:
+                failure.append(exc)
+
+        t = threading.Thread(target=close, name="soakd-close", daemon=True)
+        t.start()
+        t.join(CLOSE_TIMEOUT_S)
+        if t.is_alive():
+            self._workload_failed(f"workload close did not return within {CLOSE_TIMEOUT_S:g} s")
+        elif failure:
+            exc = failure[0]
+            self._workload_failed(f"workload close failed: {type(exc).__name__}: {exc}")
+
+    def _workload_failed(self, message: str) -> None:
+        self.log.error(message)
+        if self._writer_started:
+            self._event(self._now_event("error", message))
+        with self._outcome_lock:
+            o = self._outcome
+            reason = message if o.reason is None else f"{o.reason}; {message}"
+            self._outcome = Outcome("aborted", reason, o.internal)
+
     def _close(
-        self, conn: sqlite3.Connection, built: _Stack, load_s: float, stalled: bool
+        self, conn: sqlite3.Connection, built: _Stack, load_s: float, t_end_ns: int
     ) -> RunResult:
         """Flush the store, close the run row, judge, and compute the exit code once."""
-        duration_s = (self.clock.now_ns() - self.t0_ns) / 1e9
+        duration_s = (t_end_ns - self.t0_ns) / 1e9
         self.writer.put(self._now_event("end", self._outcome.reason or "completed"))
         self.writer.close()
         if self.writer.error is not None:  # rows were lost: soakd failed, whatever the model did
@@ -528,6 +648,7 @@ class Run:
 
     def _summary(self, built: _Stack, duration_s: float, load_s: float) -> dict[str, Any]:
         c, pacer, queue = built.ctx.counters, built.pacer, built.queue
+        in_flight, stall_s = self._at_stop
         out: dict[str, Any] = {
             "duration_s": round(duration_s, 3),
             "load_s": round(load_s, 3),
@@ -539,6 +660,14 @@ class Run:
             "errors": c.errors,
             "ooms": c.ooms,
             "pacer_missed_ticks": pacer.missed_ticks if pacer is not None else 0,
+            "pacer_ticks": pacer.ticks if pacer is not None else c.done,
+            "missed_ticks_source": pacer.missed_by["source"] if pacer is not None else 0,
+            "missed_ticks_pause": pacer.missed_by["pause"] if pacer is not None else 0,
+            # frames captured but never finished: still queued, or in the model at the end
+            "queued_at_end": len(queue) if queue is not None else 0,
+            "in_flight_at_end": int(in_flight is not None),
+            "in_flight_since_s": None if in_flight is None else (in_flight - self.t0_ns) / 1e9,
+            "stall_timeout_s": round(stall_s, 3),
             "achieved_fps": round(c.done / duration_s, 4) if duration_s > 0 else 0.0,
             "writer_rows": self.writer.rows_written,
             "writer_flushes": self.writer.flushes,

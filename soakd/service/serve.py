@@ -46,7 +46,10 @@ def serve(
     run = Run(settings, observers=[*observers, *service_observers(settings)], stop=stop)
     handlers = None
     if threading.current_thread() is threading.main_thread():
-        handlers = install_signal_handlers(lambda signum: run.request_stop(abort_reason(signum)))
+        handlers = install_signal_handlers(
+            lambda signum: run.on_signal(signum, abort_reason(signum)),
+            on_force=lambda signum: run.mark_forced(f"{abort_reason(signum)} (second)"),
+        )
     try:
         return run.execute()
     finally:

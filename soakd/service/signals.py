@@ -51,8 +51,10 @@ class SignalHandlers:
         signals: Iterable[int] = STOP_SIGNALS,
         *,
         force_on_second: bool = True,
+        on_force: Callable[[int], None] | None = None,
     ) -> None:
         self._on_signal = on_signal
+        self._on_force = on_force
         self._signals = tuple(signals)
         self._force = force_on_second
         self._previous: dict[int, Any] = {}
@@ -78,7 +80,15 @@ class SignalHandlers:
             self._on_signal(signum)
             return
         if self._force:
-            # second request: stop waiting for a clean shutdown
+            # second request: stop waiting for a clean shutdown (after on_force has left the
+            # run's bookkeeping true: the run will never be closed by this process)
+            if self._on_force is not None:
+                try:
+                    self._on_force(signum)
+                finally:
+                    signal.signal(signum, signal.SIG_DFL)
+                    os.kill(os.getpid(), signum)
+                return
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
@@ -105,7 +115,11 @@ def install_signal_handlers(
     signals: Iterable[int] = STOP_SIGNALS,
     *,
     force_on_second: bool = True,
+    on_force: Callable[[int], None] | None = None,
 ) -> SignalHandlers:
-    """Route SIGTERM/SIGINT to ``on_signal(signum)``; returns the handle (call ``restore()``
-    or use it as a context manager)."""
-    return SignalHandlers(on_signal, signals, force_on_second=force_on_second).install()
+    """Route SIGTERM/SIGINT to ``on_signal(signum)``; a second one calls ``on_force(signum)``
+    and then ends the process with that signal. Returns the handle (call ``restore()`` or use
+    it as a context manager)."""
+    return SignalHandlers(
+        on_signal, signals, force_on_second=force_on_second, on_force=on_force
+    ).install()

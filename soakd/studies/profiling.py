@@ -22,8 +22,10 @@ import numpy as np
 from soakd.config import Settings
 from soakd.observers.base import Observer
 from soakd.records import STAGES
+from soakd.run.runner import run_soak
 from soakd.store import profiling_queries as q
 from soakd.store import runs
+from soakd.store.db import connect
 
 SCHEMA = "soakd.profile/1"
 RECOMMEND_FACTOR = 0.6
@@ -245,9 +247,6 @@ def profile(
     """Run ``frames`` frames of the configured workload and source back to back (``paced``:
     at the configured rate instead) and return the profile. Raises ``UsageError`` for a
     source, database or workload that cannot be opened (exit code 2)."""
-    from soakd.run.runner import run_soak
-    from soakd.store.db import connect
-
     if frames < 2:
         raise ValueError("a profile needs at least 2 frames (the first is set apart)")
     result = run_soak(

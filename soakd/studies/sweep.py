@@ -22,9 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from soakd.config import ConfigError, Settings, parse_set
 from soakd.errors import SoakdError
 from soakd.observers.base import Observer
+from soakd.report.svg import Series, VLine, line_chart
+from soakd.store import profiling_queries as q
+from soakd.store.db import connect
 from soakd.studies.profiling import ProfileResult, profile
 from soakd.workloads.base import WorkloadError
 
@@ -263,11 +268,6 @@ def run_point(
 
 def _paced_stats(settings: Settings, run_id: str) -> tuple[float | None, float | None]:
     """Frame age p95 (after the first frame) and drop fraction of a paced point."""
-    import numpy as np
-
-    from soakd.store import profiling_queries as q
-    from soakd.store.db import connect
-
     conn = connect(settings.resolved_db(), mark_orphans=False)
     try:
         age = q.frame_values(conn, run_id, ("frame_age_ms",), profile=True)["frame_age_ms"]
@@ -424,8 +424,6 @@ def render_markdown(r: SweepResult) -> str:
 
 def render_svg(r: SweepResult) -> str:
     """Total and per-stage medians against the varied value (an inline SVG chart)."""
-    from soakd.report.svg import Series, VLine, line_chart
-
     ok = [p for p in r.points if p.status == "ok"]
     numeric = all(isinstance(p.value, int | float) and not isinstance(p.value, bool) for p in ok)
     xs = [float(p.value) if numeric else float(i) for i, p in enumerate(ok)]

@@ -22,6 +22,7 @@ import numpy as np
 from soakd.config import GeneratorWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import EmitFn, GeneratorTimings, WorkloadContext, WorkloadError
+from soakd.workloads.plugin import load_factory
 
 _LATENT_SCALE = 8  # the decoder upsamples the latent by this factor (like an image VAE)
 
@@ -179,6 +180,4 @@ def build(settings: GeneratorWorkloadSettings, ctx: WorkloadContext) -> Any:
     """The tiny generator, or the user's generator when ``factory`` is set."""
     if settings.factory is None:
         return TinyGenerator(settings, ctx)
-    from soakd.workloads.plugin import load_factory
-
     return load_factory(settings.factory, dict(settings.options), ctx, expect="generator")

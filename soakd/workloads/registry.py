@@ -9,11 +9,12 @@ is called as ``factory(options: dict, ctx: WorkloadContext)``.
 from __future__ import annotations
 
 import importlib
-from functools import cache
-from importlib.metadata import entry_points
 from typing import Any
 
-from soakd.workloads.base import WorkloadContext, WorkloadError
+from soakd.config import entry_point_names
+from soakd.workloads.base import Workload, WorkloadContext, WorkloadError
+
+__all__ = ["BUILDERS", "build_workload", "entry_point_names", "resolve"]
 
 BUILDERS: dict[str, str] = {
     "synthetic": "soakd.workloads.synthetic:build",
@@ -24,11 +25,6 @@ BUILDERS: dict[str, str] = {
     "av": "soakd.workloads.av:build",
     "python": "soakd.workloads.plugin:build_python",
 }
-
-
-@cache
-def entry_point_names() -> tuple[str, ...]:
-    return tuple(sorted(ep.name for ep in entry_points(group="soakd.workloads")))
 
 
 def resolve(ref: str) -> Any:
@@ -46,7 +42,9 @@ def resolve(ref: str) -> Any:
     return obj
 
 
-def build_workload(settings: Any, ctx: WorkloadContext) -> Any:
+def build_workload(settings: Any, ctx: WorkloadContext) -> Workload:
+    """The workload ``settings.kind`` names, built (not yet ``setup()``): a built-in, or an
+    entry point checked against the protocols."""
     kind = settings.kind
     if kind in BUILDERS:
         return resolve(BUILDERS[kind])(settings, ctx)

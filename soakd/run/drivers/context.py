@@ -3,6 +3,7 @@ callbacks (``DriverContext``), and the live counters it shares with the monitor.
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -119,5 +120,11 @@ class DriverContext(Generic[W]):
         )
 
     def is_oom(self, exc: BaseException) -> bool:
+        """CUDA's OutOfMemoryError, host memory exhausted (MemoryError, ENOMEM), or an error
+        whose message says out of memory."""
+        if isinstance(exc, MemoryError):
+            return True
+        if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+            return True
         name = type(exc).__name__
         return name == "OutOfMemoryError" or "out of memory" in str(exc).lower()
