@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -12,6 +14,7 @@ from rich.console import Console
 
 from soakd.errors import ExitCode, SoakdError
 from soakd.store import db as store
+from soakd.store import runs
 
 DB_HELP = "Run database (default: $STATE_DIRECTORY/soakd.db under systemd, else ./soakd.db)."
 RUN_REF_HELP = "Run id, unique id prefix, baseline:NAME or a baseline name."
@@ -43,17 +46,71 @@ def error(message: str, code: ExitCode | int = ExitCode.USAGE) -> typer.Exit:
     return typer.Exit(int(code))
 
 
-def open_db(db: Path | None) -> sqlite3.Connection:
-    """Open an existing run database for a read-mostly command (marks orphaned runs)."""
+def _writable(path: Path) -> bool:
+    """Whether this user may write the database and its folder (the ``-wal``/``-shm`` files
+    live there); false on a read-only mount too."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def open_db(db: Path | None, *, write: bool = False) -> sqlite3.Connection:
+    """Open an existing run database for a command (marks orphaned runs). A read-mostly
+    command (``write=False``) that cannot write it (a read-only folder, another user's
+    database, a lock held past the busy timeout) opens it read-only instead: nothing is
+    then written (``store.is_readonly``), orphaned runs are only reported."""
     path = default_db_path(db)
     if not path.exists():
         raise error(f"{path}: no run database here (run `soakd run` first or pass --db)")
     try:
-        return store.connect(path)
+        if write or _writable(path):
+            try:
+                return store.connect(path)
+            except store.StoreError as exc:
+                if write or not _readonly_would_do(str(exc)):
+                    raise
+        conn = store.connect(path, readonly=True)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
     except store.StoreError as exc:
         raise error(str(exc)) from None
+    _note_orphans(conn, path)
+    return conn
+
+
+def _readonly_would_do(message: str) -> bool:
+    return any(w in message for w in ("read-only", "cannot open", "locked by another"))
+
+
+def _note_orphans(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        orphans = runs.find_orphaned_runs(conn)
+    except sqlite3.DatabaseError:
+        return  # the command's own query reports a damaged file
+    for rid in orphans:
+        print(
+            f"soakd: note: run {rid} looks orphaned (its process is gone) but {path} is"
+            " read-only here: not marked crashed; it is judged as still running (INVALID)",
+            file=sys.stderr,
+        )
+
+
+@contextmanager
+def reading(db: Path | None, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+    """``open_db`` for the block, closed after it; a damaged file (SQLite's "database disk
+    image is malformed" from any query in the block) becomes one line and exit 2."""
+    path = default_db_path(db)
+    conn = open_db(db, write=write)
+    try:
+        yield conn
+    except sqlite3.DatabaseError as exc:
+        raise error(_db_message(path, exc)) from None
+    finally:
+        conn.close()
+
+
+def _db_message(path: Path, exc: sqlite3.DatabaseError) -> str:
+    if "malformed" in str(exc) or "not a database" in str(exc):
+        return store.corrupt_message(path, exc)
+    return f"{path}: {exc}"
 
 
 def console() -> Console:

@@ -21,10 +21,11 @@ from soakd.cli.common import (
     console,
     error,
     latest_mode,
-    open_db,
+    reading,
 )
 from soakd.cli.output import write_output
 from soakd.errors import SoakdError
+from soakd.store import db as store_db
 from soakd.store import runs
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def _evaluate(
         raise error(str(exc), exc.exit_code) from None
     data, verdict = evaluate(conn, rid)
     stored = runs.get_run(conn, rid).verdict
-    if stored is None and data.meta.status != "running":
+    if stored is None and data.meta.status != "running" and not store_db.is_readonly(conn):
         store(conn, verdict)
     elif stored is not None and stored != verdict.status:
         verdict.warnings.insert(
@@ -77,12 +78,9 @@ def report_cmd(
         raise error(f"--format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if output is not None and not output.parent.exists():
         raise error(f"{output}: folder {output.parent} does not exist")
-    conn = open_db(db)
-    try:
+    with reading(db) as conn:
         data, verdict = _evaluate(conn, run_id, latest, mode)
         text = render(fmt, data, verdict)
-    finally:
-        conn.close()
     write_output(text, output)
 
 
@@ -97,11 +95,8 @@ def gate_cmd(
 
     from soakd.report.console import format_verdict_table
 
-    conn = open_db(db)
-    try:
+    with reading(db) as conn:
         _, verdict = _evaluate(conn, run_id, latest, mode)
-    finally:
-        conn.close()
     console().print(format_verdict_table(verdict))
     raise typer.Exit(int(verdict.exit_code))
 

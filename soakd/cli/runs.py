@@ -16,7 +16,7 @@ from soakd.cli.common import (
     console,
     error,
     latest_mode,
-    open_db,
+    reading,
 )
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
@@ -32,8 +32,8 @@ def runs_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
 ) -> None:
     """List runs in the database, newest first."""
-    conn = open_db(db)
-    rows = runs.list_runs(conn, limit=limit, mode=mode)
+    with reading(db) as conn:
+        rows = runs.list_runs(conn, limit=limit, mode=mode)
     if as_json:
         for r in rows:
             print(json.dumps(r))
@@ -70,6 +70,19 @@ def runs_cmd(
     console().print(t)
 
 
+SHOW_EVENTS = (
+    "error",
+    "oom",
+    "stall",
+    "source_end",
+    "signal",
+    "crashed",
+    "store_locked",
+    "store_overflow",
+    "end",
+)
+
+
 def show_cmd(
     run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
     latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
@@ -80,16 +93,15 @@ def show_cmd(
     """Summarise one run: status, stage statistics, counters, events, verdict."""
     if run_id is None and not latest:
         raise error("give a RUN_ID or --latest")
-    conn = open_db(db)
-    try:
-        rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
-        run = runs.get_run(conn, rid).as_dict()
-        stages = queries.stage_stats(conn, rid)
-        evs = queries.events(
-            conn, rid, ("error", "oom", "stall", "source_end", "signal", "crashed", "end")
-        )
-    except SoakdError as exc:
-        raise error(str(exc), exc.exit_code) from None
+    with reading(db) as conn:
+        try:
+            rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
+            run = runs.get_run(conn, rid).as_dict()
+            stages = queries.stage_stats(conn, rid)
+            evs = queries.events(conn, rid, SHOW_EVENTS)
+            peak_rss = queries.peak(conn, rid, "rss_bytes")
+        except SoakdError as exc:
+            raise error(str(exc), exc.exit_code) from None
     if as_json:
         print(json.dumps({"run": run, "stages": stages, "events": evs[:50]}, default=str, indent=2))
         return
@@ -105,7 +117,7 @@ def show_cmd(
         con.print(
             f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
             f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
-            f"peak RSS {fmt_bytes(queries.peak(conn, rid, 'rss_bytes'))}"
+            f"peak RSS {fmt_bytes(peak_rss)}"
         )
     for e in evs[:20]:
         con.print(f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}")
