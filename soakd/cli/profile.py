@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from soakd.cli.common import DB_HELP, console, error, open_db
+from soakd.cli.common import DB_HELP, console, error, reading
 from soakd.cli.output import write_output
 from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
@@ -139,17 +139,13 @@ def compare_cmd(
     is beyond noise. Exit code: 0, 1 regression (with --fail-on-regression), 2 usage error."""
     if not 0 < alpha < 0.5:
         raise error(f"--alpha: must be between 0 and 0.5, got {alpha}")
-    conn = open_db(db)
     try:
-        a, b = runs.resolve(conn, run_a), runs.resolve(conn, run_b)
-        comp = compare(conn, a, b, alpha=alpha)
-        reg = (
-            comp.regression(metric, fail_on_regression) if fail_on_regression is not None else None
-        )
+        with reading(db) as conn:
+            a, b = runs.resolve(conn, run_a), runs.resolve(conn, run_b)
+            comp = compare(conn, a, b, alpha=alpha)
+        reg = None if fail_on_regression is None else comp.regression(metric, fail_on_regression)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    finally:
-        conn.close()
     if as_json:
         d = comp.to_dict()
         if reg is not None:
@@ -184,14 +180,12 @@ def baseline_set_cmd(
     """Mark RUN_ID as the baseline NAME (replacing an earlier one of that name)."""
     if not name or name.startswith("baseline:") or any(c.isspace() for c in name):
         raise error(f"--name {name!r}: a baseline name is one word without 'baseline:'")
-    conn = open_db(db)
     try:
-        rid = runs.resolve(conn, run_id)
-        runs.set_baseline(conn, name, rid)
+        with reading(db, write=True) as conn:
+            rid = runs.resolve(conn, run_id)
+            runs.set_baseline(conn, name, rid)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    finally:
-        conn.close()
     print(f"baseline {name} = {rid}")
 
 
@@ -201,11 +195,8 @@ def baseline_list_cmd(
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """List the baselines: name, run, when it was marked, the run's verdict."""
-    conn = open_db(db)
-    try:
+    with reading(db) as conn:
         rows = runs.list_baselines(conn)
-    finally:
-        conn.close()
     if as_json:
         for r in rows:
             print(json.dumps(r))
