@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
+from soakd.analysis import RunData, Verdict, evaluate, store
 from soakd.cli.common import (
     DB_HELP,
     LATEST_MODE_HELP,
@@ -25,11 +26,10 @@ from soakd.cli.common import (
 )
 from soakd.cli.output import write_output
 from soakd.errors import SoakdError
+from soakd.report import FORMATS, render
+from soakd.report.console import format_verdict_table
 from soakd.store import db as store_db
 from soakd.store import runs
-
-if TYPE_CHECKING:
-    from soakd.analysis import RunData, Verdict
 
 FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/1), junit (CI), html (offline)."
 
@@ -37,8 +37,6 @@ FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/1), junit (CI), ht
 def _evaluate(
     conn: sqlite3.Connection, run_id: str | None, latest: bool, mode: str = "soak"
 ) -> tuple[RunData, Verdict]:
-    from soakd.analysis import evaluate, store
-
     if run_id is None and not latest:
         raise error("give a RUN_ID or --latest")
     try:
@@ -72,8 +70,6 @@ def report_cmd(
 
     Exit code 0 when the report was written (whatever the verdict; use `soakd gate` to exit
     with the verdict), 2 for a usage error such as an unknown run."""
-    from soakd.report import FORMATS, render
-
     if fmt not in FORMATS:
         raise error(f"--format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if output is not None and not output.parent.exists():
@@ -92,8 +88,6 @@ def gate_cmd(
 ) -> None:
     """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID
     (2 usage error, 4 internal error). The release-gate step."""
-
-    from soakd.report.console import format_verdict_table
 
     with reading(db) as conn:
         _, verdict = _evaluate(conn, run_id, latest, mode)
