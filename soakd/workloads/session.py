@@ -27,6 +27,7 @@ from typing import Any, Literal
 from soakd.config import SessionWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import PushResult, SessionOutput, WorkloadContext, WorkloadError
+from soakd.workloads.tiny_session import TinyRealtimeModel
 
 SILENCE_TOKEN = "<|silence|>"
 _CONTROL_RE = re.compile(r"<\|[^|<>]*\|>")
@@ -175,8 +176,6 @@ class RealtimeSessionWorkload:
 
     def _setup_tiny(self) -> None:
         import torch
-
-        from soakd.workloads.tiny_session import TinyRealtimeModel
 
         # the tiny ops gain nothing from intra-op threads, and OpenMP spin-waiting beside the
         # pacer, sampler, writer and poller threads made turn times jump 30x on 2 cores
