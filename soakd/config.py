@@ -16,7 +16,9 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
+from functools import cache
 from importlib import resources
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +33,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails
+
+
+@cache
+def entry_point_names() -> tuple[str, ...]:
+    """Workload kinds that installed packages register (the ``soakd.workloads`` group)."""
+    return tuple(sorted(ep.name for ep in entry_points(group="soakd.workloads")))
 
 
 class ConfigError(ValueError):
@@ -101,7 +109,7 @@ class RunSettings(_Section):
 
     name: str | None = None  # a label stored with the run
     fps: float = Field(2.0, gt=0, le=1000)
-    duration: Duration = Field(30.0, gt=0)
+    duration: Duration = Field(60.0, gt=0)
     warmup_s: Duration = Field(5.0, ge=0)
     max_queue: int = Field(1, ge=1, le=4096)
     consume: Literal["newest", "oldest"] = "newest"
@@ -126,6 +134,9 @@ class SourceSettings(_Section):
     url: str | None = None  # rtsp:// or http(s):// stream
     loop: bool = True  # loop a video file / image folder at its end
     pattern: Literal["bars", "noise", "gradient"] = "bars"  # synthetic pattern
+    # synthetic only: deliver at most this many frames a second, like a camera slower than
+    # the run's rate (a planted slow source); 0 = as fast as the pacer asks
+    max_fps: float = Field(0.0, ge=0)
     open_timeout_s: Duration = Field(10.0, gt=0)
     read_timeout_s: Duration = Field(5.0, gt=0)  # a grab slower than this = source stalled
 
@@ -312,9 +323,15 @@ class CriteriaSettings(_Section):
     max_drop_fraction: float = Field(0.05, ge=0, le=1)
     max_age_slope_ms_per_min: float = Field(50.0, ge=0)
     max_age_p95_ms: float | None = Field(None, gt=0)
-    max_memory_growth_mb_per_min: float = Field(5.0, ge=0)
+    max_memory_growth_mb_per_min: float = Field(1.5, ge=0)  # 2.1 GB/day (docs/verdict.md)
     floor_window_s: Duration = Field(10.0, gt=0)
+    # time to exhaustion at the floor slope vs the headroom left (limit - peak used)
+    min_headroom_hours: float = Field(24.0, ge=0)
     jitter_k: float | Literal["history"] = 5.0
+    # "count": fail when more frames than allowed exceed k x median, "max": the max alone
+    jitter_rule: Literal["count", "max"] = "count"
+    jitter_max_exceed: int = Field(2, ge=0)  # frames over k x median allowed ("count") ...
+    jitter_max_exceed_fraction: float = Field(0.001, ge=0, le=1)  # ... or this share, if more
     jitter_history_min_runs: int = Field(3, ge=1)
     max_errors: int = Field(0, ge=0)
     alpha: float = Field(0.01, gt=0, lt=0.5)  # significance level of the trend tests
@@ -355,8 +372,6 @@ class Settings(_Section):
         kind = v.get("kind", "tiny-vlm")
         model = BUILTIN_WORKLOADS.get(kind)
         if model is None:
-            from soakd.workloads.registry import entry_point_names
-
             if kind not in entry_point_names():
                 known = ", ".join([*BUILTIN_WORKLOADS, *entry_point_names()])
                 raise ValueError(f"kind: unknown workload {kind!r} (known: {known})")

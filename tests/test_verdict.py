@@ -3,7 +3,11 @@ end-to-end runs of the synthetic workload with planted truth."""
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,9 +22,11 @@ from soakd.analysis import (
     judge,
     judge_run,
     make_run_data,
+    stats,
 )
+from soakd.analysis.model import age_window_s, floor_window_s
 from soakd.analysis.verdict import DEFAULT_JITTER_K, HISTORY_MARGIN, resolve_jitter_k
-from soakd.config import CriteriaSettings, Settings
+from soakd.config import CriteriaSettings, Settings, load_settings
 from soakd.errors import ExitCode
 from soakd.store import db as store
 
@@ -483,3 +489,373 @@ def test_e2e_too_short_run_is_invalid(synthetic: Callable[..., Settings]) -> Non
     """A 4 s run with min_duration_s = 10 is INVALID and exits 3."""
     res = _run(synthetic, "run.duration=4")
     assert res.verdict.status == "INVALID" and res.exit_code == ExitCode.INVALID
+
+
+# --------------------------------------------------------------------------- issue 10
+# every tick the target rate asked for is judged; untestable is never PASS; headroom in
+# hours; jitter robust to a lone outlier
+
+
+def _with(d: RunData, *, summary: dict[str, Any] | None = None, **config: Any) -> RunData:
+    d.meta.summary = dict(summary or {})
+    d.meta.config = {k: dict(v) for k, v in config.items()}
+    return d
+
+
+def _new_summary(d: RunData, **over: float) -> dict[str, Any]:
+    """The summary a current runner writes for ``d`` with nothing lost."""
+    n = d.n_frames
+    s: dict[str, Any] = {
+        "frames_captured": n,
+        "frames_done": n,
+        "drops": 0,
+        "stale": 0,
+        "queued_at_end": 0,
+        "in_flight_at_end": 0,
+        "pacer_missed_ticks": 0,
+        "pacer_ticks": n,
+        "missed_ticks_source": 0,
+        "missed_ticks_pause": 0,
+        "stall_timeout_s": 60.0,
+    }
+    s.update(over)
+    return s
+
+
+def test_frames_captured_after_the_last_finished_frame_count_as_lost() -> None:
+    """A hang near the end: 340 frames captured and dropped after the last row are losses
+    the rows cannot show; the summary's totals count them and drops fails."""
+    d = planted(dur=20.0, fps=20.0, warm=2.0)
+    n = d.n_frames
+    d = _with(d, summary=_new_summary(d, frames_captured=n + 340, drops=340, pacer_ticks=n + 340))
+    c = judge(d, CRIT).get("drops")
+    assert c is not None and c.status == "fail" and c.evidence["dropped"] == 340
+    assert "340 dropped" in c.detail
+
+
+def test_a_frame_in_flight_at_the_end_makes_the_run_invalid_naming_the_hang() -> None:
+    """A frame dispatched and never finished is a hang: the run criterion is INVALID with
+    the reason and the time, and INVALID wins over the drops FAIL its losses give."""
+    d = planted(dur=20.0, fps=20.0, warm=2.0)
+    n = d.n_frames
+    summary = _new_summary(
+        d, frames_captured=n + 341, drops=340, in_flight_at_end=1, in_flight_since_s=3.0
+    )
+    v = judge(_with(d, summary=summary), CRIT)
+    assert v.status == "INVALID" and v.exit_code == ExitCode.INVALID
+    run = v.get("run")
+    assert run is not None and run.status == "invalid" and "hung" in run.detail
+    assert "3 s" in run.detail and statuses(v)["drops"] == "fail"
+    assert "1 in flight at the end" in v.get("drops").detail  # type: ignore[union-attr]
+
+
+def test_missed_pacer_ticks_are_losses_counted_against_the_target_rate() -> None:
+    """A source delivering 20 fps against a 40 fps target: the ticks the pacer skipped are
+    losses out of the ticks the target rate asked for, named with their cause."""
+    d = planted(dur=20.0, fps=20.0, warm=2.0)
+    d.meta.fps = 40.0
+    n = d.n_frames
+    summary = _new_summary(
+        d, pacer_missed_ticks=n, missed_ticks_source=n, pacer_ticks=2 * n, frames_captured=n
+    )
+    c = judge(_with(d, summary=summary), CRIT).get("drops")
+    assert c is not None and c.status == "fail" and c.value is not None and c.value > 0.45
+    assert f"{n} missed ticks ({n} source, 0 pause)" in c.detail
+
+
+def test_frames_still_queued_at_the_end_count_as_lost() -> None:
+    """consume = "oldest": 64 frames still queued when the run stopped are losses."""
+    d = planted(dur=40.0, fps=20.0, warm=2.0)
+    n = d.n_frames
+    summary = _new_summary(d, frames_captured=n + 64, queued_at_end=64)
+    c = judge(_with(d, summary=summary, run={"consume": "oldest"}), CRIT).get("drops")
+    assert c is not None and c.evidence["queued_at_end"] == 64 and c.status == "fail"
+    assert "64 queued at the end" in c.detail
+
+
+def test_an_old_run_without_the_new_counters_names_no_unknown_loss() -> None:
+    """A run stored before the runner wrote queued_at_end etc.: those kinds are unknown,
+    not zero, so the report does not claim "0 queued at the end"."""
+    c = judge(planted(dur=60.0), CRIT).get("drops")
+    assert c is not None and c.status == "pass"
+    assert "queued" not in c.detail and c.evidence["queued_at_end"] is None
+
+
+def _backlog_run(rss_mb_per_min: float = 0.0) -> RunData:
+    """consume = "oldest" with the queue growing 10 frames per minute, frame age flat."""
+    d = planted(dur=300.0, fps=10.0, warm=5.0, rss=None)
+    t = d.frames["t_capture"]
+    d.frames["queue_len"] = np.floor(t / 6.0)
+    rng = np.random.default_rng(1)
+    st = d.samples["t"]
+    d.samples["rss_bytes"] = (
+        400 * MIB + rss_mb_per_min * MIB * st / 60 + rng.normal(0, 0.05 * MIB, st.size)
+    )
+    n = d.n_frames
+    summary = _new_summary(d, frames_captured=n + 50, queued_at_end=50)
+    return _with(
+        d,
+        summary=summary,
+        run={"consume": "oldest"},
+        source={"kind": "synthetic", "width": 640, "height": 480},
+    )
+
+
+def test_a_growing_backlog_fails_frame_age_with_consume_oldest() -> None:
+    """With consume = "oldest" a queue that keeps growing fails frame_age (each queued frame
+    ages one period more), though the dispatched frames' ages look flat."""
+    v = judge(_backlog_run(), CRIT)
+    c = v.get("frame_age")
+    assert c is not None and c.status == "fail" and "backlog growing" in c.detail
+    assert c.evidence["backlog"]["implied_age_slope_ms_per_min"] > 500
+
+
+def test_rss_growth_that_tracks_the_queue_is_called_the_backlog_not_a_leak() -> None:
+    """RSS rising as fast as queue growth x frame bytes (10 frames/min x 0.88 MB): the hint
+    says it is the backlog, not a leak."""
+    v = judge(_backlog_run(rss_mb_per_min=8.8), CRIT)
+    assert statuses(v)["memory_rss"] == "fail"
+    assert any("backlog the queue holds, not a leak" in h for h in v.hints)
+    assert not any(h.endswith(": a leak") for h in v.hints)
+
+
+def test_an_untestable_trend_is_invalid_and_says_how_long_the_run_must_be() -> None:
+    """A 12 s run at 2 fps: frame age has one window and RSS creeps faster than any bound
+    allows; neither is PASS: INVALID "untested", no p-value, and the run length that would
+    test it."""
+    d = planted(
+        dur=12.0,
+        fps=2.0,
+        warm=5.0,
+        age=lambda t, r: 3 + r.gamma(2, 20, t.size),
+        rss=lambda t, r: 400 * MIB + 4 * MIB * np.sqrt(t) + r.normal(0, 0.3 * MIB, t.size),
+    )
+    v = judge(d, CRIT)
+    assert v.status == "INVALID"
+    age = v.get("frame_age")
+    assert age is not None and age.status == "invalid" and age.detail.startswith("untested")
+    assert "run.duration >=" in age.detail and "p =" not in age.detail
+    assert age.evidence["min_span_to_test_s"] == 7 * 5.0  # 7 windows of 10 frames at 2 fps
+
+
+def test_a_short_run_whose_window_range_bounds_the_slope_passes() -> None:
+    """Too few windows for a trend test, but the windows' range allows less growth than the
+    tolerance: that is a bound, not a guess, and it passes."""
+    d = planted(dur=20.0, fps=2.0, warm=5.0, age=lambda t, r: 1 + r.normal(0, 0.01, t.size))
+    c = judge(d, CRIT).get("frame_age")
+    assert c is not None and c.status == "pass" and c.evidence["decided_by"] == "bounded"
+    assert "p =" not in c.detail
+
+
+def test_the_embedded_default_run_is_long_enough_to_test_its_own_trends() -> None:
+    """The README's first command (the embedded default) has enough frame-age and memory
+    windows for a trend test at its alpha."""
+    s = load_settings()
+    span = s.run.duration - s.run.warmup_s
+    need = stats.min_trend_points(s.criteria.alpha)
+    assert span / age_window_s(span, s.run.fps) >= need + 3  # a margin for windows
+    w, _ = floor_window_s(span, s.criteria.floor_window_s)
+    assert span / w >= need
+
+
+def _small_host(d: RunData, total_mb: float, cgroup_mb: float | None = None) -> RunData:
+    d.meta.environment = {"host_mem_total_bytes": total_mb * MIB}
+    if cgroup_mb is not None:
+        d.meta.environment["cgroup_mem_max_bytes"] = cgroup_mb * MIB
+    return d
+
+
+def _leak(mb_per_min: float) -> Callable[..., np.ndarray]:
+    return lambda t, r: 400 * MIB + mb_per_min * MIB * t / 60 + r.normal(0, 0.1 * MIB, t.size)
+
+
+def test_headroom_fails_when_a_slow_leak_exhausts_memory_within_min_headroom_hours() -> None:
+    """A 1.2 MB/min leak (under the slope tolerance) on a 1 GB host with 600 MB left is
+    gone in ~8 h: memory_headroom fails beside a passing memory_rss."""
+    v = judge(_small_host(planted(rss=_leak(1.2)), 1024), CRIT)
+    h = v.get("memory_headroom")
+    assert statuses(v)["memory_rss"] == "pass" and h is not None and h.status == "fail"
+    assert h.value is not None and 6 < h.value < 10 and "host memory" in h.detail
+
+
+def test_headroom_uses_the_cgroup_limit_when_lower_than_the_host() -> None:
+    """The cgroup's memory.max is the limit when it is below the host's memory."""
+    v = judge(_small_host(planted(rss=_leak(1.2)), 64_000, cgroup_mb=1024), CRIT)
+    h = v.get("memory_headroom")
+    assert h is not None and h.status == "fail" and "cgroup" in h.detail
+
+
+def test_a_flat_floor_has_infinite_headroom() -> None:
+    """No significant floor growth: infinite time to exhaustion, even on a small host."""
+    v = judge(_small_host(planted(), 512), CRIT)
+    h = v.get("memory_headroom")
+    assert h is not None and h.status == "pass" and h.value is None and "flat" in h.detail
+
+
+def test_gpu_headroom_is_the_device_total_minus_its_peak_used() -> None:
+    """GPU memory: total - peak used at the floor slope; a 10 MB/min GPU leak with 1 GB
+    left fails."""
+    d = planted(gpu=True)
+    st = d.samples["t"]
+    d.samples["gpu_mem_used_bytes"] = 2000 * MIB + 10 * MIB * st / 60
+    d.samples["gpu_mem_total_bytes"] = np.full(st.size, 3100 * MIB)
+    h = judge(d, CRIT).get("memory_headroom")
+    assert h is not None and h.status == "fail" and "GPU memory" in h.detail
+
+
+def test_headroom_without_a_known_limit_is_not_applicable() -> None:
+    """No host total, no cgroup, no GPU: n/a, never a silent pass."""
+    h = judge(planted(), CRIT).get("memory_headroom")
+    assert h is not None and h.status == "n/a"
+
+
+def _lone(n_spikes: int, every: int | None = None) -> RunData:
+    """1,617 frames at 60 fps, infer median 5 ms, ``n_spikes`` 23 ms frames (4.6 x ... over
+    k = 4 here) at random or every ``every`` frames."""
+    rng = np.random.default_rng(3)
+    d = planted(dur=1617 / 60 + 5.0, fps=60.0, warm=5.0)
+    y = 5 * np.exp(rng.normal(0, 0.03, d.n_frames))
+    idx = (
+        np.arange(400, d.n_frames, every)
+        if every
+        else rng.choice(np.arange(400, d.n_frames), n_spikes, replace=False)
+    )
+    y[idx[:n_spikes] if not every else idx] = 23.0
+    d.frames["infer_ms"] = y
+    return d
+
+
+def test_a_lone_outlier_does_not_fail_jitter_by_default() -> None:
+    """One 23 ms frame among ~1,600 at a 5 ms median passes (k = 4), and the report says
+    how many frames exceeded k x median and when; the seed's "max" rule still fails it."""
+    crit = CriteriaSettings(jitter_k=4.0)
+    c = judge(_lone(1), crit).get("jitter")
+    assert c is not None and c.status == "pass"
+    assert c.evidence["exceed_count"] == 1 and c.evidence["exceed_first_t"] > 5
+    assert "1 frame(s) over k x median" in c.detail
+    strict = judge(_lone(1), CriteriaSettings(jitter_k=4.0, jitter_rule="max")).get("jitter")
+    assert strict is not None and strict.status == "fail"
+
+
+def test_more_spikes_than_allowed_fail_jitter() -> None:
+    """Three 23 ms frames where two are allowed fail, naming first and last time."""
+    c = judge(_lone(3), CriteriaSettings(jitter_k=4.0)).get("jitter")
+    assert c is not None and c.status == "fail" and c.evidence["exceed_count"] == 3
+    assert c.evidence["exceed_last_t"] > c.evidence["exceed_first_t"]
+
+
+def test_recurrent_spikes_fail_even_under_the_allowed_share() -> None:
+    """Spikes every 2,000th frame of a long run (0.05 %, under the 0.1 % share) recur at
+    regular positions: jitter fails."""
+
+    def spikes(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        y = 20 * np.exp(rng.normal(0, 0.05, t.size))
+        y[1000::2000] *= 8
+        return y
+
+    c = judge(planted(infer=spikes), CRIT).get("jitter")
+    assert c is not None and c.evidence["exceed_count"] <= c.evidence["exceed_allowed"]
+    assert c.status == "fail" and c.evidence["exceed_periodic"]
+    assert "recurring every 2000 frames" in c.detail
+
+
+# --------------------------------------------------------------------------- issue 10 e2e
+
+
+@pytest.mark.slow
+def test_e2e_a_hang_near_the_end_is_never_pass(synthetic: Callable[..., Settings]) -> None:
+    """The model hangs 5 s into a 9 s run: the frames captured after the last finished one
+    are counted and the run is INVALID (hung or stalled), never PASS."""
+    res = _run(
+        synthetic,
+        "run.duration=9",
+        "run.fps=20",
+        "run.stall_timeout_s=30",
+        "workload.stall_after_s=5",
+        "criteria.min_frames=20",
+    )
+    v = res.verdict
+    assert v.status == "INVALID" and res.exit_code == ExitCode.INVALID, v.reason
+    assert "hung" in v.reason or "stalled" in v.reason
+    drops = v.get("drops")
+    assert drops is not None and drops.status == "fail" and drops.evidence["lost"] >= 40
+
+
+@pytest.mark.slow
+def test_e2e_a_pause_counts_its_missed_ticks_and_blames_the_machine(db_path: Path) -> None:
+    """A real `soakd run` stopped for 3 s with SIGSTOP / SIGCONT: the ticks it missed are
+    losses, drops fails and the hint names the machine, not the model."""
+    args = [*E2E, "run.duration=10", "run.fps=20", "workload.kind=synthetic", "run.log_every=0"]
+    sets = [x for a in args for x in ("--set", a)]
+    cmd = [sys.executable, "-m", "soakd", "run", "--db", str(db_path), "--no-live", *sets]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # loaded and running
+    p.send_signal(signal.SIGSTOP)
+    time.sleep(3)
+    p.send_signal(signal.SIGCONT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode in (1, 3), err[-2000:]
+    conn = store.connect(db_path)
+    ((rid,),) = conn.execute("SELECT id FROM runs").fetchall()
+    _, v = evaluate(conn, rid)
+    conn.close()
+    drops = v.get("drops")
+    assert drops is not None and drops.evidence["missed_ticks_pause"] >= 40, drops
+    assert drops.status == "fail" and "missed ticks" in drops.detail
+    assert any("the machine is the bottleneck" in h for h in v.hints), v.hints
+
+
+@pytest.mark.slow
+def test_e2e_a_backlog_left_in_the_queue_is_counted(synthetic: Callable[..., Settings]) -> None:
+    """consume = "oldest", a deep queue and a model slower than the rate: the frames still
+    queued at the end are losses and frame age fails on the growing backlog."""
+    res = _run(
+        synthetic,
+        "run.consume='oldest'",
+        "run.max_queue=1000",
+        "run.fps=25",
+        "workload.infer_ms=60",
+    )
+    v = res.verdict
+    drops, age = v.get("drops"), v.get("frame_age")
+    assert drops is not None and drops.evidence["queued_at_end"] >= 50
+    assert "queued at the end" in drops.detail and drops.status == "fail"
+    assert age is not None and age.status == "fail" and v.status == "FAIL"
+
+
+@pytest.mark.slow
+def test_e2e_a_run_too_short_for_its_trends_is_invalid(synthetic: Callable[..., Settings]) -> None:
+    """8 s at 2 fps: one frame-age window, so the trend is untested: INVALID naming the
+    run length that would test it."""
+    res = _run(synthetic, "run.duration=8", "run.fps=2", "run.warmup_s=1", "criteria.min_frames=5")
+    v = res.verdict
+    assert v.status == "INVALID" and res.exit_code == ExitCode.INVALID
+    age = v.get("frame_age")
+    assert age is not None and age.detail.startswith("untested") and "run.duration >=" in age.detail
+
+
+@pytest.mark.slow
+def test_e2e_a_fast_leak_fails_memory_headroom(synthetic: Callable[..., Settings]) -> None:
+    """A real 120 MB/min leak against this host's memory: hours, not days, to exhaustion."""
+    res = _run(synthetic, "workload.leak_mb_per_min=120", "criteria.min_headroom_hours=1e6")
+    h = res.verdict.get("memory_headroom")
+    assert h is not None and h.status == "fail", h
+    assert h.evidence["metrics"]["memory_rss"]["limit_source"] in (
+        "host memory",
+        "cgroup memory.max",
+    )
+
+
+@pytest.mark.slow
+def test_e2e_one_spike_passes_jitter_and_the_max_rule_fails_it(
+    synthetic: Callable[..., Settings], db_path: Path
+) -> None:
+    """One 100 ms infer spike among ~300 frames: the default rule passes and reports it;
+    re-judged with jitter_rule = "max" (the seed's rule) it fails."""
+    res = _run(synthetic, "workload.spike_every=200", "workload.spike_ms=100")
+    j = res.verdict.get("jitter")
+    assert j is not None and j.status == "pass" and j.evidence["exceed_count"] == 1, j
+    conn = store.connect(db_path)
+    _, strict = evaluate(conn, res.run_id, CriteriaSettings(jitter_rule="max"))
+    conn.close()
+    assert strict.get("jitter").status == "fail"  # type: ignore[union-attr]

@@ -95,6 +95,8 @@ def _meta_from_row(row: RunRow) -> RunMeta:
         mode=str(row.mode or "soak"),
         warmup_s=float(warm) if isinstance(warm, int | float) else None,
         config=config,
+        summary=row.summary if isinstance(row.summary, dict) else {},
+        environment=row.environment if isinstance(row.environment, dict) else {},
     )
 
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from soakd.analysis import stats
-from soakd.analysis.model import FAIL, PASS, RunData, Verdict, age_window_s
+from soakd.analysis.model import FAIL, MIB, PASS, RunData, Verdict, age_window_s
 from soakd.config import CriteriaSettings
 from soakd.records import STAGE_COLUMNS
 
@@ -67,14 +67,90 @@ def diagnose(data: RunData, verdict: Verdict, crit: CriteriaSettings) -> list[st
     t0, t1 = float(verdict.window["t0"]), float(verdict.window["t1"])
     warm = data.frames["warmup"] > 0
     measured = ~warm & (data.frames["skipped"] == 0) & (data.frames["t_capture"] >= t0)
+    hints += _loss_hints(data, verdict)
     if measured.sum() < 3:
         return hints
     g = stage_growth(data, measured, t0, t1, age_window_s(t1 - t0, data.meta.fps), crit.alpha)
     hints += _stage_hints(g)
     hints += _rate_hints(data, g, verdict)
     hints += _jitter_hints(data, verdict, g)
-    hints += _memory_hints(data, verdict)
+    hints += _memory_hints(data, verdict, g)
     return hints
+
+
+_MODEL_LOSSES = ("dropped", "stale", "session_dropped", "queued_at_end", "in_flight_at_end")
+
+
+def _loss_hints(data: RunData, verdict: Verdict) -> list[str]:
+    """Which side lost the ticks, named only for a kind of loss that is there (at least 1 %
+    of the ticks, or any when the drops criterion failed): the source (reads slower than
+    the period), the machine (the pacer woke a period late: a pause, an overloaded host) or
+    the model (frames captured but not finished)."""
+    c = verdict.get("drops")
+    ev = c.evidence if c is not None else {}
+    ticks = float(ev.get("ticks") or 0)
+    if not ticks or c is None:
+        return []
+    floor = 1 if c.status == FAIL else max(1.0, 0.01 * ticks)
+    fps = data.meta.fps
+    hints = []
+    src, pause = ev.get("missed_ticks_source"), ev.get("missed_ticks_pause")
+    missed = float(ev.get("missed_ticks") or 0)
+    if src is not None and src >= floor:
+        rate = f" (captured {fps * (1 - src / ticks):.3g} of {fps:g} fps)" if fps else ""
+        hints.append(
+            f"the source is the bottleneck: {src:.0f} of {ticks:.0f} ticks missed because a "
+            f"read took a whole frame period or longer{rate}"
+        )
+    if pause is not None and pause >= floor:
+        hints.append(
+            f"the machine is the bottleneck: for {pause:.0f} of {ticks:.0f} ticks soakd did "
+            "not run on time (the process was paused, e.g. SIGSTOP, or the host overloaded), "
+            "so those frames were never captured"
+        )
+    if src is None and missed >= floor:
+        hints.append(
+            f"{missed:.0f} ticks missed (this run did not record whether by source or pause)"
+        )
+    model = sum(float(ev.get(k) or 0) for k in _MODEL_LOSSES)
+    if model >= floor:
+        hints.append(
+            f"the model is the bottleneck for {model:.0f} of {ticks:.0f} ticks: captured but "
+            "not finished (dropped, stale, queued or in flight at the end)"
+        )
+    return hints
+
+
+def frame_bytes(data: RunData) -> float | None:
+    """Bytes one queued frame holds (width x height x 3), when the config fixes the size
+    (a synthetic source, or resize = true) or the summary records it."""
+    known = data.meta.counter("frame_bytes")
+    if known:
+        return known
+    src = data.meta.config.get("source")
+    if not isinstance(src, dict) or not (src.get("kind") == "synthetic" or src.get("resize")):
+        return None
+    w, h = src.get("width"), src.get("height")
+    return float(w * h * 3) if isinstance(w, int) and isinstance(h, int) else None
+
+
+def _backlog_share(
+    data: RunData, g: dict[str, tuple[bool, float, float]], slope: float
+) -> str | None:
+    """When RSS growth (``slope`` MB/min) is mostly the frame queue growing (queue slope x
+    frame bytes), the words that say so."""
+    fb = frame_bytes(data)
+    if fb is None or not _grew(g, "queue_len") or slope <= 0:
+        return None
+    q_per_min = g["queue_len"][1]
+    held = q_per_min * fb / MIB
+    if held < 0.5 * slope:
+        return None
+    return (
+        f"the floor rises {slope:.3g} MB/min while the frame queue grows {q_per_min:.3g} "
+        f"frames/min x {fb / MIB:.3g} MB per frame = {held:.3g} MB/min: the growth is the "
+        "backlog the queue holds, not a leak"
+    )
 
 
 def _grew(g: dict[str, tuple[bool, float, float]], col: str) -> bool:
@@ -160,8 +236,7 @@ def _jitter_hints(
         )
     elif ev["tail_frames"] >= 4:
         hints.append(
-            "long-tail frames fall at irregular positions: contention or memory "
-            "pressure more likely than periodic work"
+            f"{ev['tail_frames']} long-tail frames fall at irregular positions: not periodic work"
         )
     if j.status == FAIL:
         others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
@@ -171,6 +246,9 @@ def _jitter_hints(
 
 
 def _pressure_or_contention(data: RunData, verdict: Verdict, cut: float) -> str:
+    """Name memory pressure only when the spikes coincide with allocator releases (or, as a
+    possibility, when a memory criterion failed); otherwise say that the telemetry shows no
+    cause, quoting the utilisation."""
     t = data.frames["t_capture"]
     y = data.frame("infer_ms")
     tail_t = t[np.isfinite(y) & (y > cut)]
@@ -179,37 +257,50 @@ def _pressure_or_contention(data: RunData, verdict: Verdict, cut: float) -> str:
         c = verdict.get(name)
         if c is not None and c.evidence.get("sawtooth", {}).get("drop_t"):
             drops += c.evidence["sawtooth"]["drop_t"]
-    mem_fail = any(c.status == FAIL for c in verdict.criteria if c.criterion.startswith("memory"))
+    failing = [
+        c.title for c in verdict.criteria if c.criterion.startswith("memory") and c.status == FAIL
+    ]
     near = _near(tail_t, np.sort(np.asarray(drops)), 1.0) if drops else 0.0
-    if mem_fail or near >= 0.5:
+    if near >= 0.5:
         return (
-            "infer spikes with the other stages flat, alongside memory growth or "
-            "allocator releases: memory pressure"
+            f"infer spikes with the other stages flat: {near:.0%} of them within 1 s of an "
+            "allocator release: memory pressure"
+        )
+    if failing:
+        return (
+            f"infer spikes with the other stages flat while {', '.join(failing)} grows: "
+            "possibly memory pressure"
         )
     cpu = data.sample("cpu_pct")
     util = data.sample("gpu_util_pct")
-    busy = []
+    seen = []
     if np.isfinite(cpu).any():
-        busy.append(f"CPU p95 {np.nanpercentile(cpu, 95):.0f} %")
+        seen.append(f"process CPU p95 {np.nanpercentile(cpu, 95):.0f} %")
     if np.isfinite(util).any():
-        busy.append(f"GPU util p95 {np.nanpercentile(util, 95):.0f} %")
-    extra = f" ({', '.join(busy)})" if busy else ""
+        seen.append(f"GPU util p95 {np.nanpercentile(util, 95):.0f} %")
+    quoted = f" ({', '.join(seen)})" if seen else ""
     return (
-        "infer spikes with the other stages flat and memory steady: contention for the "
-        f"CPU or GPU{extra}"
+        "infer spikes with the other stages flat, memory steady and no allocator release "
+        f"near them: the telemetry shows no cause{quoted}; look for other processes "
+        "competing for the CPU or GPU"
     )
 
 
-def _memory_hints(data: RunData, verdict: Verdict) -> list[str]:
+def _memory_hints(
+    data: RunData, verdict: Verdict, g: dict[str, tuple[bool, float, float]]
+) -> list[str]:
     hints = []
     util = data.sample("gpu_util_pct")
     st = data.samples["t"]
     for c in verdict.criteria:
-        if not c.criterion.startswith("memory") or c.status not in (PASS, FAIL):
+        if "sawtooth" not in c.evidence or c.status not in (PASS, FAIL):
             continue
         saw = c.evidence.get("sawtooth", {})
         n = int(saw.get("drops", 0))
-        if c.status == FAIL and n >= 2:
+        backlog = _backlog_share(data, g, c.value or 0.0) if c.criterion == "memory_rss" else None
+        if backlog:
+            hints.append(f"{c.title}: {backlog}")
+        elif c.status == FAIL and n >= 2:
             hints.append(
                 f"{c.title}: a leak under an allocator sawtooth ({n} sharp drops of "
                 f"~{saw.get('drop_mb_median', 0):.0f} MB) - the floor still rises "

@@ -8,6 +8,7 @@ the other's types, and the reports read the same classes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,10 +73,42 @@ class RunMeta:
     mode: str = "soak"
     warmup_s: float | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    #: ``runs.summary``: the runner's counters (frames_captured, drops, queued_at_end,
+    #: in_flight_at_end, pacer_ticks, pacer_missed_ticks, ...); a key an older soakd did not
+    #: write is absent, and absent means unknown, never zero
+    summary: dict[str, Any] = field(default_factory=dict)
+    #: ``runs.environment``: host facts taken at the start (host_mem_total_bytes,
+    #: cgroup_mem_max_bytes, ...)
+    environment: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_cuda(self) -> bool:
         return bool(self.device) and str(self.device).startswith("cuda")
+
+    def counter(self, key: str) -> float | None:
+        """A finite, non-negative number from the summary, or None when unknown."""
+        return finite_or_none(self.summary.get(key))
+
+    def fact(self, key: str) -> float | None:
+        """A finite, positive number from the environment, or None when unknown."""
+        v = finite_or_none(self.environment.get(key))
+        return v if v is not None and v > 0 else None
+
+    def setting(self, section: str, key: str) -> Any:
+        """A value of the run's stored config (None when absent)."""
+        table = self.config.get(section)
+        return table.get(key) if isinstance(table, dict) else None
+
+
+def finite_or_none(v: Any) -> float | None:
+    """``v`` as a finite, non-negative float, or None (missing, text, NaN, negative)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x >= 0 else None
 
 
 @dataclass(slots=True)

@@ -19,6 +19,8 @@ from types import ModuleType
 import numpy as np
 
 Z_POWER_80 = 0.8416212335729143  # one-sided z for 80 % power
+#: a significant test on this many points decides, even without 3 effective ones
+DECISIVE_POINTS = 24
 
 
 def scipy_stats() -> ModuleType:
@@ -164,6 +166,30 @@ class Trend:
     def rising(self, alpha: float, tolerance: float) -> bool:
         """Significant upward trend larger than ``tolerance``."""
         return self.slope > tolerance and self.slope > 0 and self.p < alpha
+
+    def testable(self, alpha: float) -> bool:
+        """Could this series have shown a trend at ``alpha``? It needs enough points for a
+        perfectly monotone series to reach significance (``min_trend_points``) and at least
+        3 effective points after the autocorrelation correction (a finite ``mds``), unless
+        the test found the trend significant anyway on ``DECISIVE_POINTS`` or more points
+        (a step or a curve inflates the correction without making the test blind)."""
+        if self.n < min_trend_points(alpha):
+            return False
+        return math.isfinite(self.mds) or (self.p < alpha and self.n >= DECISIVE_POINTS)
+
+
+def min_trend_points(alpha: float) -> int:
+    """The fewest points at which ``trend`` can call anything significant at ``alpha``: a
+    strictly increasing series of n points has Mann–Kendall S = n(n-1)/2 and a sign test of
+    n-1 rises; below this n even that series is not significant (7 at alpha = 0.01)."""
+    for n in range(3, 200):
+        s = n * (n - 1) / 2
+        var = n * (n - 1) * (2 * n + 5) / 18
+        p_mk = math.erfc((s - 1) / math.sqrt(var) / math.sqrt(2))  # two-sided normal p
+        p_sign = min(1.0, 2 * 0.5 ** (n - 1))
+        if min(1.0, 2 * min(p_mk, p_sign)) < alpha:
+            return n
+    return 200
 
 
 NO_TREND = Trend(0.0, float("nan"), 0.0, 1.0, 0, 0.0, 1.0, float("nan"), float("inf"))

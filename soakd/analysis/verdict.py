@@ -9,6 +9,10 @@ every criterion, its default and why, and the INVALID / n/a rules. In short:
   above the tolerance *and* the autocorrelation-corrected Mann–Kendall test is significant
   at ``alpha``; each reports the smallest slope the run could have detected and warns when
   the threshold is below it;
+* a trend that could not be tested (too few windows, or fewer than 3 effective ones) is
+  never PASS: it passes only when the range of its windows bounds the slope under the
+  tolerance, and is INVALID ("untested", with the run length that would test it) otherwise;
+* drops count every tick the target rate asked for that did not finish (``losses.py``);
 * INVALID beats FAIL beats PASS; a criterion that cannot apply (no GPU) is ``n/a``.
 """
 
@@ -23,10 +27,12 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.diagnosis import diagnose
+from soakd.analysis.losses import count_losses
 from soakd.analysis.model import (
     FAIL,
     INVALID,
     MIB,
+    MIN_WINDOWS,
     NA,
     OVERALL_FAIL,
     OVERALL_INVALID,
@@ -119,9 +125,62 @@ def _detectability(
             f"this {ctx.minutes()} run cannot see {what} under {mds:.3g} {unit} "
             f"(threshold {threshold:g} {unit})"
         ]
-    if not math.isfinite(mds):
-        return [f"too few windows to test {what} for a trend"]
     return []
+
+
+@dataclass(frozen=True, slots=True)
+class _TrendCall:
+    """How a trend criterion was decided: ``how`` is "rising" (FAIL), "trend" (tested,
+    PASS), "bounded" (too few windows for a test, but the windows' range keeps the slope
+    under the tolerance: PASS) or "untested" (INVALID). ``bound``: that largest slope."""
+
+    status: str
+    how: str
+    bound: float | None = None
+
+
+def _range_bound(t: np.ndarray, y: np.ndarray) -> float | None:
+    """The steepest slope the series' windows allow: (max - min) / span of their times."""
+    ok = np.isfinite(t) & np.isfinite(y)
+    if ok.sum() < 2:
+        return None
+    span = float(t[ok].max() - t[ok].min())
+    return float(y[ok].max() - y[ok].min()) / span if span > 0 else None
+
+
+def _call_trend(
+    tr: stats.Trend, t: np.ndarray, y: np.ndarray, alpha: float, tol: float
+) -> _TrendCall:
+    """FAIL when rising (significant and above ``tol``); else PASS when the trend was
+    testable or its range bounds it under ``tol``; else untested (INVALID)."""
+    if tr.rising(alpha, tol):
+        return _TrendCall(FAIL, "rising")
+    if tr.testable(alpha):
+        return _TrendCall(PASS, "trend")
+    bound = _range_bound(t, y)
+    if bound is not None and bound <= tol:
+        return _TrendCall(PASS, "bounded", bound)
+    return _TrendCall(INVALID, "untested", bound)
+
+
+def _span_to_test(ctx: _Ctx, tr: stats.Trend, window_s: float, min_windows: int = 0) -> float:
+    """Seconds after the warm-up a run needs for a trend test of windows of ``window_s``:
+    enough windows for significance and, at this run's autocorrelation, 3 effective ones."""
+    need = max(stats.min_trend_points(ctx.crit.alpha), min_windows)
+    if math.isfinite(tr.inflation) and tr.n >= 3:
+        need = max(need, math.ceil(3 * tr.inflation) + 1)
+    return need * window_s
+
+
+def _untested(ctx: _Ctx, tr: stats.Trend, what: str, need_s: float) -> str:
+    """The detail of an untested trend: why, and how long the run must be (no p-value: a
+    test that could not be run has none worth showing)."""
+    return (
+        f"untested: {tr.n} windows ({tr.n_eff:.1f} effective) cannot show {what} at "
+        f"alpha = {ctx.crit.alpha:g} (a test needs {stats.min_trend_points(ctx.crit.alpha)} "
+        f"windows and 3 effective); run at least {need_s:.0f} s after the warm-up "
+        f"(run.duration >= {ctx.t0 + need_s:.0f} s)"
+    )
 
 
 # --------------------------------------------------------------------------- criteria
@@ -152,6 +211,11 @@ def judge_run_validity(ctx: _Ctx) -> CriterionResult:
         )
     if n_meas < c.min_frames:
         problems.append(f"{n_meas} post-warm-up frames, fewer than min_frames = {c.min_frames}")
+    hang = _hang(d)
+    if hang:
+        ev["in_flight_at_end"] = 1
+        ev["in_flight_since_s"] = d.meta.counter("in_flight_since_s")
+        problems.append(hang)
     status = INVALID if problems else PASS
     detail = "; ".join(problems) if problems else (f"{dur:.4g} s, {n_meas} post-warm-up frames")
     return CriterionResult(
@@ -164,6 +228,18 @@ def judge_run_validity(ctx: _Ctx) -> CriterionResult:
         detail=detail,
         evidence=ev,
     )
+
+
+def _hang(d: RunData) -> str | None:
+    """A frame dispatched and never finished when the run stopped: the workload hung, so the
+    run cannot be judged (INVALID, whatever else passed)."""
+    if not d.meta.counter("in_flight_at_end"):
+        return None
+    since = d.meta.counter("in_flight_since_s")
+    at = f" at {since:.3g} s" if since is not None else ""
+    stall = d.meta.counter("stall_timeout_s")
+    why = f" (stall timeout {stall:g} s not reached)" if stall is not None else ""
+    return f"a frame dispatched{at} never finished: the workload hung{why}"
 
 
 def _loss_counters(
@@ -205,9 +281,22 @@ def _loss_rates(
     return stats.Windows(win.t, win.count, rates, rates, rates, w)
 
 
+def _recent_rate(rates: stats.Windows) -> float | None:
+    """The loss rate of the last quarter of the windows (their mean): where a rising rate
+    has got to by the end. Not the fitted line: when many windows lose nothing, the
+    Theil–Sen slope of a rate that rises late is 0."""
+    has = np.isfinite(rates.median)
+    if not has.any():
+        return None
+    vals = rates.median[has]
+    return float(np.mean(vals[-max(1, len(vals) // 4) :]))
+
+
 def judge_drops(ctx: _Ctx) -> CriterionResult:
+    """Lost ticks / ticks after the warm-up (see ``losses.py``): FAIL above the threshold,
+    or when the per-window loss rate of the rows rises significantly past it."""
     d, c = ctx.data, ctx.crit
-    title = "Drop growth"
+    title = "Lost frames"
     post = ctx.post
     if not post.any():
         return CriterionResult.invalid(
@@ -217,23 +306,25 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
             unit="fraction",
             detail="no post-warm-up frames",
         )
-    lost_cum, drop, base, (n_drop, n_stale, n_sess) = _loss_counters(d, post)
-    rows = int(post.sum())
-    captured = rows + n_drop
-    frac = (n_drop + n_stale + n_sess) / captured if captured else 0.0
+    lost_cum, drop, base, _ = _loss_counters(d, post)
+    loss = count_losses(d, post)
+    frac = loss.fraction
     w = age_window_s(ctx.span, d.meta.fps)
     rates = _loss_rates(ctx, lost_cum[post], drop[post], w, sum(base), base[0])
     ctx.series["drop_rate"] = rates
     tr = stats.trend(rates.t, rates.median, c.alpha)
     ctx.trends["drop_rate"] = tr
-    end_rate = tr.intercept + tr.slope * ctx.t1 if math.isfinite(tr.intercept) else None
-    accelerating = tr.z > 0 and tr.p < c.alpha and tr.slope > 0
+    end_rate = _recent_rate(rates)
+    accelerating = tr.z > 0 and tr.p < c.alpha
     ev: dict[str, Any] = {
-        "dropped": n_drop,
-        "stale": n_stale,
-        "session_dropped": n_sess,
-        "captured": captured,
-        "dispatched_rows": rows,
+        **loss.counts,
+        "missed_ticks_source": loss.missed_source,
+        "missed_ticks_pause": loss.missed_pause,
+        "pacer_ticks": d.meta.counter("pacer_ticks"),
+        "lost": loss.lost,
+        "ticks": loss.ticks,
+        "captured": loss.ticks - (loss.counts["missed_ticks"] or 0.0),
+        "dispatched_rows": loss.rows,
         "window_s": w,
         "accelerating": accelerating,
         "rate_at_end": end_rate,
@@ -241,13 +332,9 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
     }
     over_end = accelerating and end_rate is not None and end_rate > c.max_drop_fraction
     status = FAIL if frac > c.max_drop_fraction or over_end else PASS
-    by_session = f", {n_sess:.0f} dropped by the session" if n_sess else ""
-    detail = (
-        f"{n_drop + n_stale + n_sess:.0f} of {captured:.0f} frames lost "
-        f"({n_drop:.0f} dropped, {n_stale:.0f} stale{by_session})"
-    )
-    if accelerating:
-        detail += f"; drop rate rising, {end_rate:.1%} by the end" if end_rate else ""
+    detail = f"{loss.lost:.0f} of {loss.ticks:.0f} frames lost ({loss.words()})"
+    if accelerating and end_rate:
+        detail += f"; drop rate rising, {end_rate:.1%} by the end"
     return CriterionResult(
         criterion="drops",
         title=title,
@@ -294,6 +381,82 @@ def _first_emit_evidence(ctx: _Ctx) -> dict[str, float]:
     return {"first_emit_ms_median": float(np.median(fe)), "first_emit_ms_max": float(fe.max())}
 
 
+def _backlog(ctx: _Ctx, t: np.ndarray, w: float) -> dict[str, Any] | None:
+    """With ``consume = "oldest"``: the trend of the queue length (window medians on the
+    dispatch axis, plus the frames still queued at the end) and the frame-age slope it
+    implies (frames per second x the frame period). A growing backlog keeps aging frames
+    that are never dispatched, so measured frame age alone would understate it."""
+    d = ctx.data
+    fps = d.meta.fps
+    if d.meta.setting("run", "consume") != "oldest" or not fps:
+        return None
+    q = d.frame("queue_len")[ctx.measured]
+    ok = np.isfinite(q) & np.isfinite(t)
+    if not ok.any():
+        return None
+    win = stats.window_reduce(t[ok], q[ok], w, t0=ctx.t0, t1=ctx.t1)
+    has = win.nonempty()
+    wt, wq = win.t[has], win.median[has]
+    queued = d.meta.counter("queued_at_end")
+    if queued is not None:
+        wt, wq = np.append(wt, ctx.t1), np.append(wq, queued)
+    tr = stats.trend(wt, wq, ctx.crit.alpha)
+    ms_per_frame = 1000.0 / fps
+    return {
+        "queue_slope_per_min": tr.slope * 60,
+        "queue_p_value": tr.p,
+        "queued_at_end": queued,
+        "implied_age_slope_ms_per_min": tr.slope * 60 * ms_per_frame,
+        "growing": tr.rising(ctx.crit.alpha, ctx.crit.max_age_slope_ms_per_min / 60 / ms_per_frame),
+    }
+
+
+def _age_problems(
+    ctx: _Ctx, call: _TrendCall, tr: stats.Trend, p95: float, backlog: dict[str, Any] | None
+) -> list[str]:
+    c = ctx.crit
+    problems = []
+    if call.how == "rising":
+        problems.append(f"rising {tr.slope * 60:.3g} ms/min (p = {tr.p:.2g})")
+    if backlog and backlog["growing"]:
+        end = backlog["queued_at_end"]
+        problems.append(
+            f"backlog growing {backlog['queue_slope_per_min']:.3g} frames/min "
+            f"(~{backlog['implied_age_slope_ms_per_min']:.3g} ms/min of frame age"
+            + (f", {end:.0f} frames still queued at the end" if end else "")
+            + ")"
+        )
+    if c.max_age_p95_ms is not None and p95 > c.max_age_p95_ms:
+        problems.append(f"p95 {p95:.4g} ms over {c.max_age_p95_ms:g} ms")
+    return problems
+
+
+def _age_outcome(
+    ctx: _Ctx,
+    call: _TrendCall,
+    tr: stats.Trend,
+    problems: list[str],
+    what: str,
+    rate: float | None,
+    ev: dict[str, Any],
+) -> tuple[str, str]:
+    """(status, detail) of the age criterion: FAIL on any problem, else as the trend was
+    decided (an untested one records the run length that would test it in ``ev``)."""
+    med = ev["median_ms"]
+    if problems:
+        return FAIL, "; ".join(problems)
+    if call.how == "untested":
+        need = _span_to_test(ctx, tr, age_window_s(0.0, rate))
+        ev["min_span_to_test_s"] = need
+        return INVALID, _untested(ctx, tr, what, need)
+    if call.how == "bounded" and call.bound is not None:
+        return PASS, (
+            f"median {med:.4g} ms; too few windows for a trend test, but their range allows "
+            f"at most {call.bound * 60:.3g} ms/min"
+        )
+    return PASS, f"median {med:.4g} ms, slope {tr.slope * 60:+.3g} ms/min (p = {tr.p:.2g})"
+
+
 def judge_frame_age(ctx: _Ctx) -> CriterionResult:
     d, c = ctx.data, ctx.crit
     generator = d.meta.shape == "generator"
@@ -308,6 +471,7 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
             unit="ms/min",
             detail=f"no {'intervals' if generator else 'frame ages'} measured",
         )
+    backlog = None if generator else _backlog(ctx, t, age_window_s(ctx.span, d.meta.fps))
     t, y = t[ok], y[ok]
     # windows hold ~10 values: of frames for frame age, of intervals for a generator (many
     # intervals per request, so the request rate would make the windows far too long)
@@ -318,6 +482,7 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
     has = win.nonempty()
     tr = stats.trend(win.t[has], win.median[has], c.alpha)
     ctx.trends[name] = tr
+    call = _call_trend(tr, win.t[has], win.median[has], c.alpha, thr / 60)
     p95 = float(np.percentile(y, 95))
     med = float(np.median(y))
     ev: dict[str, Any] = {
@@ -325,36 +490,29 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
         "p95_ms": p95,
         "max_ms": float(y.max()),
         "window_s": w,
+        "decided_by": call.how,
         **_trend_fields(tr, 60.0),
     }
+    if call.bound is not None:
+        ev["bound_slope"] = call.bound * 60
+    if backlog:
+        ev["backlog"] = backlog
     if generator:
         ev.update(_first_emit_evidence(ctx))
-    warnings = _detectability(ctx, tr, 60.0, thr, what, "ms/min")
-    slope = tr.slope * 60
-    rising = tr.rising(c.alpha, thr / 60)
-    problems = []
-    if rising:
-        problems.append(f"rising {slope:.3g} ms/min (p = {tr.p:.2g})")
     if c.max_age_p95_ms is not None:
         ev["max_age_p95_ms"] = c.max_age_p95_ms
-        if p95 > c.max_age_p95_ms:
-            problems.append(f"p95 {p95:.4g} ms over {c.max_age_p95_ms:g} ms")
-    status = FAIL if problems else PASS
-    detail = (
-        "; ".join(problems)
-        if problems
-        else (f"median {med:.4g} ms, slope {slope:+.3g} ms/min (p = {tr.p:.2g})")
-    )
+    problems = _age_problems(ctx, call, tr, p95, backlog)
+    status, detail = _age_outcome(ctx, call, tr, problems, what, rate, ev)
     return CriterionResult(
         criterion=name,
         title=title,
         status=status,
-        value=slope,
+        value=tr.slope * 60,
         threshold=thr,
         unit="ms/min",
         detail=detail,
         evidence=ev,
-        warnings=warnings,
+        warnings=_detectability(ctx, tr, 60.0, thr, what, "ms/min"),
     )
 
 
@@ -390,48 +548,191 @@ def judge_memory(ctx: _Ctx) -> list[CriterionResult]:
         if not ok.any():
             out.append(_memory_missing(ctx, name, col, title, thr, gpu_any))
             continue
-        t, y = t[ok], y[ok]
-        win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1, medians=False)
-        ctx.series[name] = win
-        has = win.nonempty()
-        tr = stats.trend(win.t[has], win.floor[has], c.alpha)
-        ctx.trends[name] = tr
-        per = 60.0 / MIB
-        slope = tr.slope * per
-        warnings = _detectability(ctx, tr, per, thr, "leaks", "MB/min")
+        res = _judge_memory_metric(ctx, name, title, t[ok], y[ok], w)
         if short_note:
-            warnings.insert(0, short_note)
-        floors = win.floor[has]
-        ev: dict[str, Any] = {
-            "floor_window_s": w,
-            "first_floor_mb": float(floors[0] / MIB),
-            "last_floor_mb": float(floors[-1] / MIB),
-            "peak_mb": float(y.max() / MIB),
-            "sawtooth": _sawtooth(t, y),
-            **_trend_fields(tr, per),
-        }
-        rising = tr.rising(c.alpha, thr / per)
-        status = FAIL if rising else PASS
-        detail = (
-            f"floor rising {slope:.3g} MB/min (p = {tr.p:.2g})"
-            if rising
-            else f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
-        )
-        out.append(
-            CriterionResult(
-                criterion=name,
-                title=title,
-                status=status,
-                value=slope,
-                threshold=thr,
-                unit="MB/min",
-                detail=detail,
-                evidence=ev,
-                warnings=warnings,
-            )
-        )
+            res.warnings.insert(0, short_note)
+        out.append(res)
+    out.append(judge_headroom(ctx, out))
     out.append(judge_oom(ctx))
     return out
+
+
+def _judge_memory_metric(
+    ctx: _Ctx, name: str, title: str, t: np.ndarray, y: np.ndarray, w: float
+) -> CriterionResult:
+    """One memory metric: the Theil–Sen slope of its window floors, in MB/min."""
+    c = ctx.crit
+    thr = c.max_memory_growth_mb_per_min
+    win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1, medians=False)
+    ctx.series[name] = win
+    has = win.nonempty()
+    tr = stats.trend(win.t[has], win.floor[has], c.alpha)
+    ctx.trends[name] = tr
+    per = 60.0 / MIB
+    slope = tr.slope * per
+    call = _call_trend(tr, win.t[has], win.floor[has], c.alpha, thr / per)
+    floors = win.floor[has]
+    ev: dict[str, Any] = {
+        "floor_window_s": w,
+        "first_floor_mb": float(floors[0] / MIB),
+        "last_floor_mb": float(floors[-1] / MIB),
+        "peak_mb": float(y.max() / MIB),
+        "sawtooth": _sawtooth(t, y),
+        "decided_by": call.how,
+        **_trend_fields(tr, per),
+    }
+    if call.bound is not None:
+        ev["bound_slope"] = call.bound * per
+    if call.how == "rising":
+        detail = f"floor rising {slope:.3g} MB/min (p = {tr.p:.2g})"
+    elif call.how == "untested":
+        need = _span_to_test(ctx, tr, c.floor_window_s, MIN_WINDOWS)
+        ev["min_span_to_test_s"] = need
+        detail = _untested(ctx, tr, "leaks", need)
+    elif call.how == "bounded":
+        detail = (
+            f"too few windows for a trend test, but the floors' range allows at most "
+            f"{call.bound * per:.3g} MB/min, peak {ev['peak_mb']:.0f} MB"  # type: ignore[operator]
+        )
+    else:
+        detail = f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
+    return CriterionResult(
+        criterion=name,
+        title=title,
+        status=call.status,
+        value=slope,
+        threshold=thr,
+        unit="MB/min",
+        detail=detail,
+        evidence=ev,
+        warnings=_detectability(ctx, tr, per, thr, "leaks", "MB/min"),
+    )
+
+
+def _memory_limit(ctx: _Ctx, name: str) -> tuple[float, str, float] | None:
+    """(limit bytes, where it comes from, peak bytes used against it) for a memory metric:
+    RSS against the host's memory or the cgroup limit, whichever is lower; the GPU metrics
+    against the device's total, with the device's peak used (it is what runs out)."""
+    d = ctx.data
+    post = d.samples["t"] >= ctx.t0
+    if name == "memory_rss":
+        limits = [
+            (v, src)
+            for v, src in (
+                (d.meta.fact("host_mem_total_bytes"), "host memory"),
+                (d.meta.fact("cgroup_mem_max_bytes"), "cgroup memory.max"),
+            )
+            if v is not None
+        ]
+        peak = d.sample("rss_bytes")[post]
+        if not limits or not np.isfinite(peak).any():
+            return None
+        lim, src = min(limits)
+        return lim, src, float(np.nanmax(peak))
+    total = d.sample("gpu_mem_total_bytes")[post]
+    used = d.sample("gpu_mem_used_bytes")[post]
+    col = dict((n, c) for n, c, _ in MEMORY_METRICS)[name]
+    if not np.isfinite(used).any():
+        used = d.sample(col)[post]
+    if not np.isfinite(total).any() or not np.isfinite(used).any():
+        return None
+    return float(np.nanmax(total)), "GPU memory", float(np.nanmax(used))
+
+
+def _hours_left(ctx: _Ctx, res: CriterionResult, headroom: float) -> float | None:
+    """Hours until ``headroom`` bytes are gone at the metric's floor slope: infinite for a
+    flat floor (no significant rise), the bound's rate when only a bound was possible,
+    None when untested."""
+    tr = ctx.trends.get(res.criterion)
+    how = res.evidence.get("decided_by")
+    if tr is None or how == "untested":
+        return None
+    if how == "bounded":
+        per_s = float(res.evidence["bound_slope"]) * MIB / 60
+    elif tr.p < ctx.crit.alpha and tr.slope > 0:
+        per_s = tr.slope
+    else:
+        return math.inf
+    if per_s <= 0:
+        return math.inf
+    return max(headroom, 0.0) / per_s / 3600
+
+
+def _headroom_metrics(
+    ctx: _Ctx, memory: Sequence[CriterionResult]
+) -> tuple[dict[str, Any], list[str]]:
+    """Per memory metric with a known limit: limit, peak, headroom and hours left (None:
+    flat or untested); and the metrics whose trend was untested."""
+    per_metric: dict[str, Any] = {}
+    untested: list[str] = []
+    for res in memory:
+        lim = _memory_limit(ctx, res.criterion) if res.status in (PASS, FAIL, INVALID) else None
+        if lim is None:
+            continue
+        limit, src, peak = lim
+        hours = _hours_left(ctx, res, limit - peak)
+        per_metric[res.criterion] = {
+            "limit_mb": limit / MIB,
+            "limit_source": src,
+            "peak_mb": peak / MIB,
+            "headroom_mb": (limit - peak) / MIB,
+            "hours": hours if hours is None or math.isfinite(hours) else None,
+            "flat": hours is not None and math.isinf(hours),
+        }
+        if hours is None:
+            untested.append(res.criterion)
+    return per_metric, untested
+
+
+def judge_headroom(ctx: _Ctx, memory: Sequence[CriterionResult]) -> CriterionResult:
+    """Time to exhaustion at the measured floor slope against the headroom left (limit -
+    peak used), for each memory metric with a known limit; FAIL when the shortest is under
+    ``min_headroom_hours``, INVALID when a metric with a limit could not be tested."""
+    thr = ctx.crit.min_headroom_hours
+    title = "Memory headroom"
+    per_metric, untested = _headroom_metrics(ctx, memory)
+    ev: dict[str, Any] = {"metrics": per_metric, "min_headroom_hours": thr}
+    if not per_metric:
+        return CriterionResult.na(
+            "memory_headroom",
+            title,
+            threshold=thr,
+            unit="h",
+            detail="not applicable: no memory limit recorded (host, cgroup or GPU total)",
+        )
+    finite = {k: v for k, v in per_metric.items() if v["hours"] is not None}
+    worst = min(finite, key=lambda k: finite[k]["hours"]) if finite else None
+    value = finite[worst]["hours"] if worst else None
+    if worst and value is not None and value < thr:
+        m = finite[worst]
+        status = FAIL
+        detail = (
+            f"{worst}: {m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB "
+            f"({m['limit_source']}) gone in {value:.3g} h at the floor slope"
+        )
+    elif untested:
+        status = INVALID
+        detail = f"untested: {', '.join(untested)} could not be tested for a trend"
+    else:
+        status = PASS
+        detail = "; ".join(_headroom_words(k, v) for k, v in per_metric.items())
+    return CriterionResult(
+        criterion="memory_headroom",
+        title=title,
+        status=status,
+        value=value,
+        threshold=thr,
+        unit="h",
+        detail=detail,
+        evidence=ev,
+    )
+
+
+def _headroom_words(name: str, m: dict[str, Any]) -> str:
+    left = f"{m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB ({m['limit_source']})"
+    if m["hours"] is None:
+        return f"{name}: {left}, floor flat"
+    return f"{name}: {left}, {m['hours']:.3g} h at the floor slope"
 
 
 def _memory_missing(
@@ -481,19 +782,20 @@ def judge_oom(ctx: _Ctx) -> CriterionResult:
     )
 
 
-def _jitter_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray] | None:
+def _jitter_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(column, values, frame ids, times) the jitter criterion judges."""
     d = ctx.data
     ok = ctx.measured & (d.frame("has_error") == 0)
     for col in ("infer_ms", "output_latency_ms"):
         y = d.frame(col)[ok]
         if np.isfinite(y).any():
-            fid = d.frames["frame_id"][ok]
             keep = np.isfinite(y)
-            return col, y[keep], fid[keep]
+            fid = d.frames["frame_id"][ok][keep]
+            return col, y[keep], fid, d.frames["t_capture"][ok][keep]
     if d.meta.shape == "generator":
-        _, iv = _generator_intervals(d, ctx.t0)
+        t, iv = _generator_intervals(d, ctx.t0)
         if iv.size:
-            return "interval_ms", iv, np.arange(iv.size, dtype=np.float64)
+            return "interval_ms", iv, np.arange(iv.size, dtype=np.float64), t
     return None
 
 
@@ -514,7 +816,66 @@ def resolve_jitter_k(crit: CriteriaSettings, history: Sequence[float]) -> tuple[
     )
 
 
+def _exceedances(
+    ctx: _Ctx, y: np.ndarray, fid: np.ndarray, t: np.ndarray, k: float, med: float
+) -> dict[str, Any]:
+    """Frames over k x median: how many, how many the rule allows, when (first / last t),
+    whether they recur at regular positions, and ``robust_ratio``: the ratio to the median
+    of the largest frame left once the allowed ones are set aside (what the rule judges)."""
+    c = ctx.crit
+    over = y > k * med
+    n_over = int(over.sum())
+    allowed = 0 if c.jitter_rule == "max" else max(c.jitter_max_exceed, 0)
+    if c.jitter_rule == "count":
+        allowed = max(allowed, math.floor(c.jitter_max_exceed_fraction * y.size))
+    desc = np.sort(y)[::-1]
+    kth = float(desc[min(allowed, desc.size - 1)])
+    robust = kth / med if med > 0 else (1.0 if kth == 0 else math.inf)
+    per = stats.tail_periodicity(fid[over])
+    ev: dict[str, Any] = {
+        "rule": c.jitter_rule,
+        "exceed_count": n_over,
+        "exceed_allowed": allowed,
+        "exceed_periodic": per.regular,
+        "exceed_period": per.period,
+        "robust_ratio": robust if math.isfinite(robust) else None,
+    }
+    if n_over:
+        ev["exceed_first_t"] = float(t[over].min())
+        ev["exceed_last_t"] = float(t[over].max())
+    return ev
+
+
+def _tail(y: np.ndarray, fid: np.ndarray) -> dict[str, Any]:
+    """The long tail (above a robust cut) and whether it falls at regular positions."""
+    cut = stats.robust_tail_threshold(y)
+    tail_pos = fid[y > cut]
+    per = stats.tail_periodicity(tail_pos)
+    return {
+        "tail_cut_ms": cut,
+        "tail_frames": int(tail_pos.size),
+        "tail_periodic": per.regular,
+        "tail_period": per.period,
+        "tail_score": per.score,
+    }
+
+
+def _jitter_detail(col: str, mx: float, med: float, ratio: float, ex: dict[str, Any]) -> str:
+    stage = col.removesuffix("_ms")
+    base = f"{stage} max {mx:.4g} ms = {ratio:.3g} x median {med:.4g} ms"
+    n = ex["exceed_count"]
+    if not n:
+        return f"{base}; no frame over k x median"
+    when = f"{ex['exceed_first_t']:.4g} s" + (f" to {ex['exceed_last_t']:.4g} s" if n > 1 else "")
+    recur = f", recurring every {ex['exceed_period']} frames" if ex["exceed_periodic"] else ""
+    return f"{base}; {n} frame(s) over k x median at {when}{recur} (allowed {ex['exceed_allowed']})"
+
+
 def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
+    """Stage time spikes against k x median. ``jitter_rule = "count"`` (default): FAIL when
+    more frames exceed k x median than allowed (``jitter_max_exceed``, or the
+    ``jitter_max_exceed_fraction`` share of frames if more), or when 4 or more exceed at
+    regular positions; ``"max"``: FAIL when the max alone exceeds it (the seed's rule)."""
     d, c = ctx.data, ctx.crit
     k, k_note = resolve_jitter_k(c, history)
     title = "Infer jitter"
@@ -531,39 +892,38 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
         return CriterionResult.invalid(
             "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"
         )
-    col, y, fid = src
+    col, y, fid, t = src
     med = float(np.median(y))
     mx = float(y.max())
     ratio = mx / med if med > 0 else (1.0 if mx == 0 else math.inf)
-    cut = stats.robust_tail_threshold(y)
-    tail_pos = fid[y > cut]
-    per = stats.tail_periodicity(tail_pos)
+    ex = _exceedances(ctx, y, fid, t, k, med)
     ev: dict[str, Any] = {
         "source": col,
         "median_ms": med,
         "max_ms": mx,
+        "max_ratio": ratio if math.isfinite(ratio) else None,
         "p99_ms": float(np.percentile(y, 99)),
         "k": k,
         "k_source": k_note,
         "max_frame_id": float(fid[int(np.argmax(y))]),
-        "tail_cut_ms": cut,
-        "tail_frames": int(tail_pos.size),
-        "tail_periodic": per.regular,
-        "tail_period": per.period,
-        "tail_score": per.score,
+        **_tail(y, fid),
         "history_runs": len(history),
+        **ex,
     }
     warnings = [k_note] if c.jitter_k == "history" and "default" in k_note else []
-    status = FAIL if ratio > k else PASS
-    detail = f"{col.removesuffix('_ms')} max {mx:.4g} ms = {ratio:.3g} x median {med:.4g} ms"
+    robust = ex["robust_ratio"] if ex["robust_ratio"] is not None else math.inf
+    recurrent = ex["exceed_count"] >= 4 and ex["exceed_periodic"]
+    status = FAIL if robust > k or recurrent else PASS
+    # value: the ratio the rule judged (the max for "max"), so history learns the same
+    value = ratio if c.jitter_rule == "max" else robust
     return CriterionResult(
         criterion="jitter",
         title=title,
         status=status,
-        value=ratio if math.isfinite(ratio) else None,
+        value=value if math.isfinite(value) else None,
         threshold=k,
         unit="x median",
-        detail=detail,
+        detail=_jitter_detail(col, mx, med, ratio, ex),
         evidence=ev,
         warnings=warnings,
     )
