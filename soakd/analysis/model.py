@@ -172,30 +172,22 @@ class CriterionResult:
         cls, criterion: str, title: str, *, threshold: float | None, unit: str, detail: str
     ) -> CriterionResult:
         """INVALID: the criterion has nothing to judge (no value, no evidence)."""
-        return cls(
-            criterion=criterion,
-            title=title,
-            status=INVALID,
-            value=None,
-            threshold=threshold,
-            unit=unit,
-            detail=detail,
-        )
+        return cls._valueless(INVALID, criterion, title, threshold, unit, detail)
 
     @classmethod
     def na(
         cls, criterion: str, title: str, *, threshold: float | None, unit: str, detail: str
     ) -> CriterionResult:
         """n/a: the criterion cannot apply here (no GPU, a session that hides its stages)."""
-        return cls(
-            criterion=criterion,
-            title=title,
-            status=NA,
-            value=None,
-            threshold=threshold,
-            unit=unit,
-            detail=detail,
-        )
+        return cls._valueless(NA, criterion, title, threshold, unit, detail)
+
+    @classmethod
+    def _valueless(
+        cls, status: str, criterion: str, title: str, threshold: float | None, unit: str,
+        detail: str,
+    ) -> CriterionResult:  # fmt: skip
+        return cls(criterion=criterion, title=title, status=status, value=None,
+                   threshold=threshold, unit=unit, detail=detail)  # fmt: skip
 
     def row(self) -> dict[str, Any]:
         ev = dict(self.evidence)

@@ -18,20 +18,13 @@ class Rolling:
     def add(self, r: FrameRecord) -> None:
         if r.skipped:
             return
-        v = self.vals
-        v["grab"].append(r.grab_ms)
-        if r.pre_ms is not None:
-            v["pre"].append(r.pre_ms)
-        if r.infer_ms is not None:
-            v["infer"].append(r.infer_ms)
-        if r.decode_ms is not None:
-            v["decode"].append(r.decode_ms)
-        if r.total_ms is not None:
-            v["total"].append(r.total_ms)
-        if r.frame_age_ms is not None:
-            v["age"].append(r.frame_age_ms)
-        if r.e2e_ms is not None:
-            v["e2e"].append(r.e2e_ms)
+        for key, value in (
+            ("grab", r.grab_ms), ("pre", r.pre_ms), ("infer", r.infer_ms),
+            ("decode", r.decode_ms), ("total", r.total_ms), ("age", r.frame_age_ms),
+            ("e2e", r.e2e_ms),
+        ):  # fmt: skip
+            if value is not None:
+                self.vals[key].append(value)
         if r.t_done is not None:
             self.done_times.append(r.t_done)
 
