@@ -5,6 +5,7 @@ a clear outcome with the cause stored. Real runs, real subprocesses, real signal
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -319,3 +320,26 @@ def test_cgroup_memory_limit_reads_v1_and_v2(
     f.parent.mkdir(parents=True)
     f.write_text(text + "\n")
     assert cgroup_memory_limit(tmp_path / "cg", tmp_path / "proc") == want
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_host_out_of_memory_under_prlimit_is_an_oom_and_the_run_is_still_judged(
+    tmp_path: Path,
+) -> None:
+    """A fast leak under a real address-space limit: the allocations fail with ENOMEM, each
+    is an `oom` event, the workload releases its memory before judging, and a verdict is
+    stored (not "scipy install broken" and exit 4)."""
+    db = tmp_path / "oom.db"
+    cmd = ["prlimit", "--as=1400000000", *soakd_cmd(
+        "run", "--no-live", "--db", str(db), "--duration", "8s", *SYNTH,
+        "--set", "workload.leak_mb_per_min=12000",
+    )]  # fmt: skip
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    conn = sqlite3.connect(db)
+    n_oom = conn.execute("SELECT count(*) FROM events WHERE kind = 'oom'").fetchone()[0]
+    oom = conn.execute("SELECT status FROM verdicts WHERE criterion = 'oom'").fetchone()
+    verdict = conn.execute("SELECT verdict FROM runs").fetchone()[0]
+    conn.close()
+    assert n_oom >= 3, r.stderr[-2000:]
+    assert oom == ("fail",) and verdict in ("FAIL", "INVALID")
+    assert r.returncode in (ExitCode.FAIL, ExitCode.INVALID), r.stderr[-2000:]
