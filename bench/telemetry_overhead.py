@@ -73,7 +73,7 @@ def one_run(db: Path, duration_s: float, telemetry: bool) -> tuple[np.ndarray, i
     if telemetry:
         res = run_soak(settings, judge=False)
     else:
-        with mock.patch("soakd.telemetry.sampler.Sampler", NullSampler):
+        with mock.patch("soakd.run.runner.Sampler", NullSampler):
             res = run_soak(settings, judge=False)
     if res.status != "completed":
         raise RuntimeError(f"run ended {res.status}: {res.reason}")

@@ -457,6 +457,9 @@ def test_e2e_slowing_workload_oldest_fails_frame_age(synthetic: Callable[..., Se
         "run.fps=20",
         "workload.infer_ms=40",
         "workload.drift_ms_per_min=600",
+        # the memory the growing queue holds is not what this test judges: a loose tolerance
+        # lets memory_rss pass on its bound instead of being untested on a busy machine
+        "criteria.max_memory_growth_mb_per_min=1000",
     )
     assert res.verdict.get("frame_age").status == "fail", res.verdict.reason
     assert res.verdict.status == "FAIL"
@@ -815,6 +818,7 @@ def test_e2e_a_backlog_left_in_the_queue_is_counted(synthetic: Callable[..., Set
         "run.max_queue=1000",
         "run.fps=25",
         "workload.infer_ms=60",
+        "criteria.max_memory_growth_mb_per_min=1000",  # the queue's memory is judged elsewhere
     )
     v = res.verdict
     drops, age = v.get("drops"), v.get("frame_age")
