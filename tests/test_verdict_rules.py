@@ -1,0 +1,336 @@
+"""The rules that decide PASS, FAIL or INVALID, one test each, on RunData built directly
+(fast and deterministic). Each test fails when the rule its name states is broken; the
+mutants in bench/mutate.py name the tests that must catch them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import RunData, RunMeta, judge, make_run_data, stats
+from soakd.config import CriteriaSettings
+from soakd.errors import ExitCode
+from soakd.run.outcome import Outcome, exit_code
+
+MIB = float(1 << 20)
+CRIT = CriteriaSettings()
+Series = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+
+
+def run_data(
+    *,
+    dur: float = 300.0,
+    fps: float = 10.0,
+    warm: float = 5.0,
+    rss: Series | None = None,
+    infer: Series | None = None,
+    status: str = "completed",
+    reason: str | None = None,
+    seed: int = 0,
+    samples: dict[str, Any] | None = None,
+    **frames: Any,
+) -> RunData:
+    """A healthy run of ``dur`` s at ``fps`` (flat noisy RSS sampled at 10 Hz, 20 ms infer,
+    small frame age, no drops), with ``rss`` / ``infer`` / frame columns planted."""
+    rng = np.random.default_rng(seed)
+    st = np.arange(0, dur, 0.1)
+    t = np.arange(0, dur, 1 / fps)
+    smp: dict[str, Any] = {
+        "t": st,
+        "rss_bytes": rss(st, rng) if rss else 400 * MIB + rng.normal(0, 0.2 * MIB, st.size),
+        **(samples or {}),
+    }
+    cols: dict[str, Any] = {
+        "t_capture": t,
+        "warmup": (t < warm).astype(float),
+        "infer_ms": infer(t, rng) if infer else 20 * np.exp(rng.normal(0, 0.05, t.size)),
+        "frame_age_ms": 3 + rng.gamma(2, 1.5, t.size),
+        "queue_len": np.zeros(t.size),
+        **frames,
+    }
+    meta = RunMeta("r", status=status, reason=reason, duration_s=dur, fps=fps)
+    return make_run_data(meta, frames=cols, samples=smp)
+
+
+def status_of(data: RunData, criterion: str, crit: CriteriaSettings = CRIT) -> str:
+    c = judge(data, crit).get(criterion)
+    assert c is not None
+    return c.status
+
+
+def _saw_phase(t: np.ndarray, period: float = 5.0) -> np.ndarray:
+    return (t % period) / period
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_leak_under_a_capped_peak_fails_memory_because_floors_are_judged() -> None:
+    """Floors rising 10 MB/min under a sawtooth whose peak stays at 700 MB: memory_rss fails
+    (the window minima rise; the maxima do not)."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        floor = 400 * MIB + 10 * MIB * t / 60
+        return floor + (700 * MIB - floor) * _saw_phase(t) + rng.normal(0, 0.1 * MIB, t.size)
+
+    assert status_of(run_data(rss=rss), "memory_rss") == "fail"
+
+
+def test_growing_sawtooth_peaks_over_a_flat_floor_pass_memory() -> None:
+    """A sawtooth whose peaks grow from 400 MB to 700 MB while it keeps returning to the same
+    floor passes memory_rss: allocator caches are not a leak."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        amp = 300 * MIB * t / t.max()
+        return 400 * MIB + amp * _saw_phase(t) + rng.normal(0, 0.1 * MIB, t.size)
+
+    assert status_of(run_data(rss=rss), "memory_rss") == "pass"
+
+
+def test_one_transient_memory_spike_does_not_make_a_slow_creep_a_leak() -> None:
+    """RSS creeping 1 MB/min (significant, under the 5 MB/min tolerance) with one 20 s
+    transient of +1 GB near the end passes memory_rss at ~1 MB/min: the Theil–Sen slope is
+    a median of the pairwise slopes, which the one window cannot move (their mean reads
+    ~12 MB/min)."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        spike = np.where((t > 560) & (t < 582), 1000 * MIB, 0.0)
+        return 400 * MIB + MIB * t / 60 + spike + rng.normal(0, 0.2 * MIB, t.size)
+
+    c = judge(run_data(dur=600.0, rss=rss), CRIT).get("memory_rss")
+    assert c is not None and c.status == "pass", c.detail
+    assert c.value is not None and 0.8 < c.value < 1.2
+    assert c.evidence["p_value"] < CRIT.alpha and c.evidence["peak_mb"] > 1300
+
+
+def test_a_steep_slope_the_trend_test_does_not_find_significant_passes() -> None:
+    """Floors noisy enough (40 MB per sample) that their Theil–Sen slope reads above the
+    5 MB/min tolerance by chance, with p far above alpha: memory_rss passes, since a trend
+    fails only when it is both larger than the tolerance and significant."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + rng.normal(0, 40 * MIB, t.size)
+
+    c = judge(run_data(dur=180.0, rss=rss), CRIT).get("memory_rss")
+    assert c is not None and c.value is not None
+    assert c.value > CRIT.max_memory_growth_mb_per_min and c.evidence["p_value"] > 0.05
+    assert c.status == "pass"
+
+
+def test_an_insignificant_trend_is_not_rising_however_steep() -> None:
+    """Trend.rising needs p < alpha as well as slope > tolerance."""
+    steep_noise = stats.Trend(10.0, 0.0, 0.5, 0.6, 40, 40.0, 1.0, 1.0, 0.1)
+    assert not steep_noise.rising(0.01, 1.0)
+    assert steep_noise.__class__(10.0, 0.0, 4.0, 0.001, 40, 40.0, 1.0, 1.0, 0.1).rising(0.01, 1.0)
+
+
+def test_theil_sen_ignores_one_outlier_at_the_end() -> None:
+    """A flat series with one huge last value has a Theil–Sen slope of ~0 (a mean of the
+    pairwise slopes would be pulled to ~1 per step)."""
+    t = np.arange(100.0)
+    y = np.tile([0.0, 0.01], 50)
+    y[-1] = 1000.0
+    tr = stats.trend(t, y)
+    assert abs(tr.slope) < 0.01
+
+
+# --------------------------------------------------------------------------- oom, jitter
+
+
+def test_torch_oom_counter_rising_fails_oom_without_any_oom_event() -> None:
+    """The model caught its own OOMs: no ``oom`` event, but torch's num_ooms rose by 2 in
+    the samples; oom fails with value 2."""
+    n = 3000  # 300 s at 10 Hz
+    ooms = np.zeros(n)
+    ooms[1000:] = 1
+    ooms[2000:] = 2
+    v = judge(run_data(samples={"torch_ooms": ooms}), CRIT)
+    c = v.get("oom")
+    assert c is not None and c.status == "fail" and c.value == 2.0
+    assert v.status == "FAIL"
+
+
+def test_a_flat_torch_oom_counter_passes_oom() -> None:
+    """A torch num_ooms that never moves (already 3 when the run started) passes."""
+    assert status_of(run_data(samples={"torch_ooms": np.full(3000, 3.0)}), "oom") == "pass"
+
+
+def test_jitter_is_judged_against_the_median_which_frequent_spikes_cannot_lift() -> None:
+    """Every 10th-ish frame (random, 10 %) at 8x: the mean rises to ~1.7x the median, so
+    k x mean would hide them; against k x median they fail jitter."""
+
+    def infer(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        y = 20 * np.exp(rng.normal(0, 0.02, t.size))
+        y[rng.random(t.size) < 0.1] = 160.0
+        return y
+
+    c = judge(run_data(infer=infer), CRIT).get("jitter")
+    assert c is not None and c.status == "fail"
+    assert 19 < c.evidence["median_ms"] < 21 and c.evidence["exceed_count"] > 200
+
+
+# --------------------------------------------------------------------------- drops
+
+
+def test_zero_drops_pass_when_no_drop_is_allowed() -> None:
+    """max_drop_fraction = 0: a run with zero drops passes (the rule is fraction > max)."""
+    crit = CriteriaSettings(max_drop_fraction=0.0)
+    assert status_of(run_data(), "drops", crit) == "pass"
+
+
+def test_one_drop_fails_when_no_drop_is_allowed() -> None:
+    """max_drop_fraction = 0: one dropped frame after the warm-up fails drops."""
+    n = 3000
+    drops = np.zeros(n)
+    drops[1500:] = 1
+    crit = CriteriaSettings(max_drop_fraction=0.0)
+    assert status_of(run_data(drop_count=drops), "drops", crit) == "fail"
+
+
+# --------------------------------------------------------------------------- precedence
+
+
+def _leak(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return 400 * MIB + 20 * MIB * t / 60 + rng.normal(0, 0.2 * MIB, t.size)
+
+
+def test_an_aborted_run_that_also_leaks_is_invalid_exit_3() -> None:
+    """INVALID beats FAIL: an aborted run whose memory also fails is INVALID (exit 3), with
+    the failing criterion still evaluated and shown."""
+    v = judge(run_data(rss=_leak, status="aborted", reason="signal SIGTERM"), CRIT)
+    assert v.status == "INVALID" and v.exit_code == ExitCode.INVALID
+    assert {c.criterion: c.status for c in v.criteria}["memory_rss"] == "fail"
+    assert exit_code(Outcome("aborted", "signal SIGTERM"), v) == ExitCode.INVALID
+
+
+def test_a_completed_run_that_leaks_fails_exit_1() -> None:
+    """A valid run with one failing criterion is FAIL, exit 1, naming the criterion."""
+    v = judge(run_data(rss=_leak), CRIT)
+    assert (v.status, v.exit_code) == ("FAIL", ExitCode.FAIL)
+    assert "memory_rss" in v.reason
+    assert exit_code(Outcome("completed"), v) == ExitCode.FAIL
+
+
+def test_a_healthy_run_passes_exit_0() -> None:
+    """The builder's healthy run passes every applicable criterion: exit 0."""
+    v = judge(run_data(), CRIT)
+    assert (v.status, v.exit_code) == ("PASS", ExitCode.PASS), v.reason
+    assert exit_code(Outcome("completed"), v) == ExitCode.PASS
+
+
+# --------------------------------------------------------------------------- validity
+
+
+def test_a_run_shorter_than_min_duration_is_invalid() -> None:
+    """A 20 s run with min_duration_s = 30 is INVALID, naming min_duration_s."""
+    v = judge(run_data(dur=20.0), CriteriaSettings(min_duration_s=30))
+    assert v.status == "INVALID" and "min_duration_s" in v.reason
+
+
+def test_a_run_with_fewer_post_warmup_frames_than_min_frames_is_invalid() -> None:
+    """2990 post-warm-up frames against min_frames = 5000: INVALID, naming min_frames."""
+    v = judge(run_data(), CriteriaSettings(min_frames=5000))
+    assert v.status == "INVALID" and "min_frames" in v.reason
+
+
+def test_a_frame_in_flight_at_the_end_is_invalid() -> None:
+    """The summary says a dispatched frame never finished (the workload hung): INVALID."""
+    d = run_data()
+    d.meta.summary = {"in_flight_at_end": 1, "in_flight_since_s": 250.0}
+    v = judge(d, CRIT)
+    assert v.status == "INVALID" and "never finished" in v.reason
+
+
+def test_errors_after_warmup_fail_and_errors_during_warmup_only_warn() -> None:
+    """Three frames raising inside the 5 s warm-up pass errors with a warning; one raising
+    after it fails errors."""
+    err = np.zeros(3000)
+    err[[10, 20, 30]] = 1
+    c = judge(run_data(has_error=err), CRIT).get("errors")
+    assert c is not None and c.status == "pass" and c.warnings
+    err[2000] = 1
+    c = judge(run_data(has_error=err), CRIT).get("errors")
+    assert c is not None and c.status == "fail" and c.value == 1.0
+
+
+def test_memory_growth_during_the_warmup_is_not_judged() -> None:
+    """RSS rising 100 MB/min in a 60 s warm-up, flat after it: memory_rss passes."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        ramp = 100 * MIB * np.minimum(t, 60.0) / 60
+        return 400 * MIB + ramp + rng.normal(0, 0.2 * MIB, t.size)
+
+    assert status_of(run_data(rss=rss, warm=60.0), "memory_rss") == "pass"
+
+
+def test_a_cuda_workload_without_gpu_memory_samples_is_invalid() -> None:
+    """workload.device = cuda:0 and no GPU memory samples at all: memory_gpu is INVALID."""
+    d = run_data()
+    d.meta.device = "cuda:0"
+    assert status_of(d, "memory_gpu") == "invalid"
+
+
+def test_a_healthy_minute_long_run_is_judged_on_shortened_floor_windows_and_passes() -> None:
+    """60 s (under 12 windows of 10 s): floors are taken on shortened windows, so memory is
+    tested and passes, with a warning that the window was shortened."""
+    c = judge(run_data(dur=60.0), CRIT).get("memory_rss")
+    assert c is not None and c.status == "pass", c.detail
+    assert c.evidence["n_windows"] >= 12 and any("shortened" in w for w in c.warnings)
+
+
+# --------------------------------------------------------------------------- trends
+
+
+def _age(slope_ms_min: float) -> np.ndarray:
+    t = np.arange(0, 300, 0.1)
+    rng = np.random.default_rng(1)
+    return 20 + slope_ms_min * t / 60 + rng.normal(0, 1.0, t.size)
+
+
+def test_frame_age_rising_above_the_tolerance_fails_and_below_it_passes() -> None:
+    """Frame age rising 100 ms/min fails frame_age (value ~100 ms/min); rising 10 ms/min
+    (significant, under the 50 ms/min tolerance) passes."""
+    fast = judge(run_data(frame_age_ms=_age(100.0)), CRIT).get("frame_age")
+    assert fast is not None and fast.status == "fail"
+    assert fast.value is not None and 90 < fast.value < 110
+    slow = judge(run_data(frame_age_ms=_age(10.0)), CRIT).get("frame_age")
+    assert slow is not None and slow.status == "pass" and slow.evidence["p_value"] < 0.01
+
+
+def test_a_trend_too_short_to_test_whose_range_exceeds_the_tolerance_is_invalid() -> None:
+    """A 6 s run (5 frame-age windows, too few for a trend test) whose window medians range
+    over tens of ms is INVALID "untested", never PASS."""
+    rng = np.random.default_rng(3)
+    d = run_data(dur=6.0, warm=1.0, frame_age_ms=rng.uniform(0, 100, 60))
+    c = judge(d, CriteriaSettings(min_duration_s=1, min_frames=5)).get("frame_age")
+    assert c is not None and c.status == "invalid" and c.detail.startswith("untested")
+
+
+def test_headroom_fails_when_a_slow_leak_exhausts_host_memory_within_a_day() -> None:
+    """A 4 MB/min leak (under the 5 MB/min slope tolerance) with ~420 MB left of a 1 GiB
+    host: gone in under 2 h, so memory_headroom fails while memory_rss passes."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 580 * MIB + 4 * MIB * t / 60 + rng.normal(0, 0.2 * MIB, t.size)
+
+    d = run_data(rss=rss)
+    d.meta.environment = {"host_mem_total_bytes": 1024 * MIB}
+    v = judge(d, CriteriaSettings(max_memory_growth_mb_per_min=5.0))  # the docstring's 5
+    st = {c.criterion: c.status for c in v.criteria}
+    assert (st["memory_rss"], st["memory_headroom"]) == ("pass", "fail")
+    h = v.get("memory_headroom")
+    assert h is not None and h.value is not None and 1.0 < h.value < 2.5
+
+
+def test_drops_rising_to_over_the_threshold_fail_before_the_total_does() -> None:
+    """No drops for the first half, then a loss rate rising to ~16 %: ~4 % lost in all
+    (under 5 %), yet drops fails on the accelerating rate."""
+    t = np.arange(0, 300, 0.1)
+    rng = np.random.default_rng(2)
+    rate = np.clip((t - 150) / 150, 0, None) * 0.16
+    cum = np.cumsum(rng.random(t.size) < rate).astype(float)
+    c = judge(run_data(drop_count=cum), CRIT).get("drops")
+    assert c is not None and c.value is not None and c.value < CRIT.max_drop_fraction
+    assert c.status == "fail" and c.evidence["accelerating"]
