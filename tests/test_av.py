@@ -160,7 +160,9 @@ def test_av_run_through_the_runner_records_media_tokens(cache: Path, tmp_path: P
     result = run_soak(settings, max_frames=5, paced=False, judge=False)
     assert result.summary["errors"] == 0 and result.summary["frames_done"] == 5
     rows = sqlite3.connect(db).execute("SELECT out_tokens, vision_tokens, audio_tokens FROM frames")
-    for out_tokens, vision, audio in rows.fetchall():
+    rows = rows.fetchall()
+    assert len(rows) == 5
+    for out_tokens, vision, audio in rows:
         assert out_tokens == 8 and vision > 0 and audio > 0
 
 

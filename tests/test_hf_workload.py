@@ -223,5 +223,7 @@ def test_default_run_through_the_runner(cache: Path, tmp_path: Path) -> None:
     result = run_soak(settings, max_frames=4, paced=False, judge=False)
     assert result.summary["errors"] == 0 and result.summary["frames_done"] == 4
     rows = sqlite3.connect(db).execute("SELECT out_tokens, vision_tokens, infer_ms FROM frames")
-    for out_tokens, vision, infer_ms in rows.fetchall():
+    rows = rows.fetchall()
+    assert len(rows) == 4
+    for out_tokens, vision, infer_ms in rows:
         assert (out_tokens, vision) == (8, 16) and infer_ms > 0

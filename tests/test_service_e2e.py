@@ -33,14 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 WAIT_S = 30.0  # generous upper bound for any one expected message; never hit when all is well
 
 
-def _has_verdict() -> bool:
-    try:
-        from soakd.analysis import judge_run  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 Msg = dict[str, str]
 
 
@@ -171,8 +163,6 @@ def test_sigterm_notify_order_and_clean_abort(start: Callable[..., Daemon]) -> N
     row = _run_row(d.db)
     assert (row["status"], row["reason"]) == ("aborted", "signal SIGTERM")
     assert _count(d.db, "SELECT count(*) FROM frames WHERE run_id = ?", row["id"]) >= 10
-    if not _has_verdict():
-        pytest.skip("exit code 3 and verdict INVALID unchecked: soakd.analysis.judge_run missing")
     assert rc == 3
     assert _run_row(d.db)["verdict"] == "INVALID"
     assert d.seen[-1]["STATUS"].endswith("verdict INVALID, exit 3")
@@ -241,8 +231,6 @@ def test_stall_starves_the_watchdog_and_aborts_as_stalled(start: Callable[..., D
     row = _run_row(d.db)
     assert (row["status"], row["reason"]) == ("aborted", "stalled")
     assert _count(d.db, "SELECT count(*) FROM events WHERE kind = 'stall'") == 1
-    if not _has_verdict():
-        pytest.skip("exit code 3 and verdict INVALID unchecked: soakd.analysis.judge_run missing")
     assert rc == 3 and row["verdict"] == "INVALID"
 
 
@@ -284,7 +272,8 @@ def test_exporter_is_scraped_over_loopback_during_a_run(start: Callable[..., Dae
     assert one("soakd_target_frames_per_second", run=run_id) == 10
     assert one("soakd_run_status", status="running") == 1
     assert one("soakd_rss_bytes") > 10 * 2**20
-    assert one("soakd_dropped_frames_total") >= 0
+    # a 20 ms model at 10 fps keeps up: a counter that counted frames (or ticks) would not
+    assert one("soakd_dropped_frames_total") <= 0.1 * frames
 
 
 def test_signal_handlers_route_sigterm_and_restore() -> None:

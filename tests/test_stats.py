@@ -121,14 +121,14 @@ def test_periodic_tail_positions_are_found(period: int, phase: int, count: int, 
     assert res.regular and res.period is not None and res.period % period == 0
 
 
-@given(seeds)
-@settings(max_examples=30, deadline=None)
-def test_random_tail_positions_are_not_regular(seed: int) -> None:
-    """Tail frames at random positions are rarely called regular."""
-    rng = np.random.default_rng(seed)
-    pos = np.sort(rng.choice(5000, 25, replace=False))
-    res = stats.tail_periodicity(pos)
-    assert not res.regular or res.score >= 0.8
+def test_random_tail_positions_are_rarely_called_regular() -> None:
+    """Tail frames at random positions: at most 1 draw in 20 is called regular."""
+    regular = 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        pos = np.sort(rng.choice(5000, 25, replace=False))
+        regular += bool(stats.tail_periodicity(pos).regular)
+    assert regular <= 10, regular
 
 
 def test_too_few_points_is_no_trend() -> None:

@@ -212,7 +212,8 @@ def test_sampler_real_clock_cadence_over_two_seconds() -> None:
     assert all(b > a for a, b in itertools.pairwise(ts))
     lags = sorted(s.lag_ms for s in got)
     assert lags[len(lags) // 2] < 20  # median lag: loose, a busy CI box still passes
-    assert all(s.tick_ms >= 0 for s in got)
+    ticks = sorted(s.tick_ms for s in got)
+    assert ticks[0] >= 0 and ticks[len(ticks) // 2] < 20  # a tick is a few probe reads
     assert sampler.cpu_ns / 1e9 < 0.05 * ts[-1]  # well under 5 % of a core (target 1 %)
 
 

@@ -1,0 +1,197 @@
+"""Mutation testing of the code that decides PASS or FAIL and of the exit-code path.
+
+Each mutant is one hand-made bug a user would feel (a text replacement in one file) and the
+test files that must catch it. The project is copied once to a temporary folder; each mutant
+is applied there, its tests run with ``PYTHONPATH`` pointing at the copy (so the installed
+package is shadowed), and the file restored. A mutant whose text is no longer in the code is
+reported ``stale`` and counts against the score, so the list stays true as the code changes.
+
+    .venv/bin/python -m bench.mutate            # all mutants (about 6 minutes on 2 cores)
+    .venv/bin/python -m bench.mutate --check    # only check that no mutant is stale
+
+Exits 1 when fewer than 90 % of the mutants are killed (or any is stale).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 0.90
+
+RULES = "tests/test_verdict_rules.py"
+VERDICT = "tests/test_verdict.py"
+STATS = "tests/test_stats.py"
+EXITS = "tests/test_exit_codes.py"
+OUTCOMES = "tests/test_run_outcomes.py"
+DIAG = "tests/test_diagnosis.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+V = "soakd/analysis/verdict.py"
+S = "soakd/analysis/stats.py"
+MUTANTS = (
+    # the exit-code path
+    Mutant("run exits 0 whatever the verdict", "soakd/cli/run.py",
+           "return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)",
+           "return 0", (EXITS,)),
+    Mutant("gate exits 0 whatever the verdict", "soakd/cli/report.py",
+           "raise typer.Exit(int(verdict.exit_code))", "raise typer.Exit(0)", (EXITS,)),
+    Mutant("soakd's own failure hidden by the verdict", "soakd/run/outcome.py",
+           "    if outcome.internal:\n        return ExitCode.INTERNAL\n", "", (OUTCOMES,)),
+    Mutant("an unjudged aborted run exits 0", "soakd/run/outcome.py",
+           'ExitCode.PASS if outcome.status == "completed" else ExitCode.INVALID',
+           "ExitCode.PASS", (OUTCOMES,)),
+    Mutant("FAIL beats INVALID", V, "    if invalid:\n        return (",
+           "    if invalid and not failed:\n        return (", (RULES,)),
+    Mutant("a failed criterion passes the run", V, "    if failed:\n", "    if False:\n",
+           (RULES,)),
+    # run validity
+    Mutant("an aborted run is valid", V, 'if d.meta.status != "completed":', "if False:",
+           (RULES,)),
+    Mutant("min_duration_s ignored", V, "if dur < c.min_duration_s:", "if False:", (RULES,)),
+    Mutant("min_frames ignored", V, "if n_meas < c.min_frames:", "if False:", (RULES,)),
+    Mutant("a hang at the end ignored", V, "    hang = _hang(d)\n", "    hang = None\n",
+           (RULES,)),
+    Mutant("fps = 0 accepted", "soakd/config.py", "fps: float = Field(2.0, gt=0, le=1000)",
+           "fps: float = Field(2.0, ge=0, le=1000)", (EXITS,)),
+    # drops
+    Mutant(">= at the drop-fraction boundary", V,
+           "status = FAIL if frac > c.max_drop_fraction or over_end else PASS",
+           "status = FAIL if frac >= c.max_drop_fraction or over_end else PASS", (RULES,)),
+    Mutant("drops never fail on the fraction", V,
+           "status = FAIL if frac > c.max_drop_fraction or over_end else PASS",
+           "status = FAIL if over_end else PASS", (RULES, VERDICT)),
+    Mutant("losses counted without the pacer's ticks", "soakd/analysis/losses.py",
+           "return self.lost / self.ticks if self.ticks else 0.0",
+           "return 0.0", (RULES, VERDICT)),
+    # memory
+    Mutant("memory trend on window maxima", S,
+           "floor[has] = np.minimum.reduceat(y, starts[has])",
+           "floor[has] = np.maximum.reduceat(y, starts[has])", (RULES,)),
+    Mutant("a trend fails on its slope without the significance test", S,
+           "return self.slope > tolerance and self.slope > 0 and self.p < alpha",
+           "return self.slope > tolerance and self.slope > 0", (RULES, STATS)),
+    Mutant("significance ignored", S, "        return self.p < alpha\n",
+           "        return True\n", (RULES, STATS)),
+    Mutant("Theil-Sen replaced by the mean of pairwise slopes", S,
+           "    res = scipy_stats().theilslopes(y, t)\n"
+           "    slope, intercept = float(res.slope), float(res.intercept)\n",
+           "    _i, _j = np.triu_indices(len(t), 1)\n"
+           "    _ok = t[_j] != t[_i]\n"
+           "    slope = float(np.mean((y[_j] - y[_i])[_ok] / (t[_j] - t[_i])[_ok]))\n"
+           "    intercept = float(np.median(y - slope * t))\n", (RULES, STATS)),
+    Mutant("Mann-Kendall score inverted", S, "s += int(np.sign(x[i + 1 :] - x[i]).sum())",
+           "s -= int(np.sign(x[i + 1 :] - x[i]).sum())", (RULES, STATS)),
+    # oom
+    Mutant("torch's own OOM counter ignored", V, "n = max(n_events, int(rise))",
+           "n = n_events", (RULES,)),
+    Mutant("OOM events ignored", V, "n = max(n_events, int(rise))", "n = int(rise)",
+           (RULES, VERDICT)),
+    Mutant("oom never fails", V, "status = FAIL if n > 0 else PASS", "status = PASS",
+           (RULES, VERDICT)),
+    # jitter
+    Mutant("jitter ratio on the mean", V, "    med = float(np.median(y))\n    mx = float(y.max())",
+           "    med = float(np.mean(y))\n    mx = float(y.max())", (RULES, VERDICT)),
+    Mutant("jitter never fails", V, "status = FAIL if robust > k or recurrent else PASS",
+           "status = PASS", (RULES, VERDICT)),
+    Mutant("recurrent spikes ignored", V, "status = FAIL if robust > k or recurrent else PASS",
+           "status = FAIL if robust > k else PASS", (VERDICT,)),
+    Mutant("a configured jitter_k ignored", V, 'return float(crit.jitter_k), "configured"',
+           'return 5.0, "configured"', (VERDICT, RULES)),
+    # errors, frame age
+    Mutant("errors never fail", V, "status = FAIL if n_post > c.max_errors else PASS",
+           "status = PASS", (RULES, VERDICT)),
+    Mutant("max_errors off by one", V, "status = FAIL if n_post > c.max_errors else PASS",
+           "status = FAIL if n_post > c.max_errors + 1 else PASS", (RULES, VERDICT)),
+    Mutant("age p95 limit ignored", V,
+           "if c.max_age_p95_ms is not None and p95 > c.max_age_p95_ms:", "if False:",
+           (VERDICT, RULES)),
+    # the records the verdict reads
+    Mutant("lateness from the dispatch", "soakd/run/drivers/context.py",
+           "lateness_ms=(frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6,",
+           "lateness_ms=(t_taken - frame.t_sched_ns) / 1e6,", (EXITS,)),
+    Mutant("frames left in the queue not counted", "soakd/run/runner.py",
+           '"queued_at_end": len(queue) if queue is not None else 0,',
+           '"queued_at_end": 0,', (OUTCOMES,)),
+    Mutant("the stall timeout not scaled to the run", "soakd/run/runner.py",
+           "return min(cap, max(STALL_FLOOR_S, STALL_FACTOR * frame_s))", "return cap",
+           (OUTCOMES,)),
+)  # fmt: skip
+
+
+def _stale(m: Mutant, root: Path) -> bool:
+    return m.old not in (root / m.path).read_text()
+
+
+def _run_tests(m: Mutant, copy: Path, timeout_s: float) -> str:
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "2",
+           *m.tests]  # fmt: skip
+    try:
+        r = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "killed (timeout)"
+    return "survived" if r.returncode == 0 else "killed"
+
+
+def run_one(m: Mutant, copy: Path, timeout_s: float) -> str:
+    if _stale(m, copy):
+        return "stale"
+    f = copy / m.path
+    original = f.read_text()
+    f.write_text(original.replace(m.old, m.new, 1))
+    try:
+        return _run_tests(m, copy, timeout_s)
+    finally:
+        f.write_text(original)
+
+
+def _copy_project(dest: Path) -> Path:
+    for name in ("soakd", "tests", "bench", "configs", "pyproject.toml", "README.md"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        stale = [m.name for m in MUTANTS if _stale(m, REPO)]
+        print("stale mutants: " + (", ".join(stale) if stale else "none"))
+        return 1 if stale else 0
+    results: list[tuple[Mutant, str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="soakd-mutate-") as tmp:
+        copy = _copy_project(Path(tmp))
+        for m in MUTANTS:
+            t0 = time.monotonic()
+            results.append((m, run_one(m, copy, 300), time.monotonic() - t0))
+            print(f"{results[-1][1]:<17} {results[-1][2]:6.1f} s  {m.name}", flush=True)
+    killed = sum(r.startswith("killed") for _, r, _ in results)
+    score = killed / len(results)
+    print(f"\nmutation score: {killed}/{len(results)} killed = {score:.0%} (target {TARGET:.0%})")
+    for m, r, _ in results:
+        if not r.startswith("killed"):
+            print(f"  {r}: {m.name} ({m.path})")
+    return 0 if score >= TARGET else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
