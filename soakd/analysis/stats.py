@@ -160,9 +160,6 @@ class Trend:
     noise: float
     mds: float
 
-    def significant(self, alpha: float) -> bool:
-        return self.p < alpha
-
     def rising(self, alpha: float, tolerance: float) -> bool:
         """Significant upward trend larger than ``tolerance``."""
         return self.slope > tolerance and self.slope > 0 and self.p < alpha
