@@ -53,6 +53,18 @@ def synthetic(db_path: Path) -> Callable[..., Settings]:
     return make
 
 
+#: ``soakd run`` flags for a short synthetic soak whose criteria a few seconds can meet
+SYNTH_CLI = [
+    "--set", "workload.kind=synthetic",
+    "--set", "run.warmup_s=0.5",
+    "--set", "run.log_every=0",
+    "--set", "source.width=64",
+    "--set", "source.height=48",
+    "--set", "criteria.min_duration_s=1",
+    "--set", "criteria.min_frames=5",
+]  # fmt: skip
+
+
 def soakd_cmd(*args: str) -> list[str]:
     """The command line of a real ``soakd`` subprocess (the installed module)."""
     return [sys.executable, "-m", "soakd", *args]

@@ -17,17 +17,9 @@ from soakd.errors import ExitCode
 from soakd.records import Frame
 from soakd.run.drivers.context import DriverContext
 
+from .conftest import SYNTH_CLI as SYNTH
 from .conftest import run_cli
 
-SYNTH = [
-    "--set", "workload.kind=synthetic",
-    "--set", "run.warmup_s=0.5",
-    "--set", "run.log_every=0",
-    "--set", "source.width=64",
-    "--set", "source.height=48",
-    "--set", "criteria.min_duration_s=1",
-    "--set", "criteria.min_frames=5",
-]  # fmt: skip
 SOAKS = {"healthy": [], "errors": ["--set", "workload.error_every=3"]}
 
 

@@ -41,7 +41,6 @@ def _part(module: str) -> str:
     return bits[1] if len(bits) > 1 else "__init__"
 
 
-
 def _imports(tree: ast.Module, *, top_level_only: bool) -> set[str]:
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     out: set[str] = set()

@@ -27,18 +27,9 @@ from soakd.run.queue import FrameQueue
 from soakd.run.runner import run_soak
 
 from .conftest import REPO, run_cli, soakd_cmd
+from .conftest import SYNTH_CLI as SYNTH
 
 pytestmark = pytest.mark.slow
-
-SYNTH = [
-    "--set", "workload.kind=synthetic",
-    "--set", "run.warmup_s=0.5",
-    "--set", "run.log_every=0",
-    "--set", "source.width=64",
-    "--set", "source.height=48",
-    "--set", "criteria.min_duration_s=1",
-    "--set", "criteria.min_frames=5",
-]  # fmt: skip
 
 
 def _factory(fail: str) -> list[str]:
