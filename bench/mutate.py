@@ -8,8 +8,11 @@ reported ``stale`` and counts against the score, so the list stays true as the c
 
     .venv/bin/python -m bench.mutate            # all mutants (about 6 minutes on 2 cores)
     .venv/bin/python -m bench.mutate --check    # only check that no mutant is stale
+    .venv/bin/python -m bench.mutate --only "untested trend"   # the mutants named so
 
-Exits 1 when fewer than 90 % of the mutants are killed (or any is stale).
+Exits 1 when fewer than 90 % of the mutants are killed (or any is stale). Each set of test
+files is first run on the unmutated copy: a mutant whose tests already fail there (someone's
+work in progress) is reported ``baseline`` and is not counted as killed.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Mutant:
 
 V = "soakd/analysis/verdict.py"
 S = "soakd/analysis/stats.py"
+M = "soakd/analysis/model.py"
+CTX = "soakd/run/drivers/context.py"
 MUTANTS = (
     # the exit-code path
     Mutant("run exits 0 whatever the verdict", "soakd/cli/run.py",
@@ -136,6 +141,31 @@ MUTANTS = (
     Mutant("the stall timeout not scaled to the run", "soakd/run/runner.py",
            "return min(cap, max(STALL_FLOOR_S, STALL_FACTOR * frame_s))", "return cap",
            (OUTCOMES,)),
+    # more of the verdict and the exit-code path (tests/test_verdict_rules.py, test_exit_codes.py)
+    Mutant("memory slope per second, not per minute", V, "per = 60.0 / MIB", "per = 1.0 / MIB",
+           (RULES,)),
+    Mutant("headroom never fails", V, "if worst and value is not None and value < thr:",
+           "if worst and value is not None and value < thr / 100:", (RULES,)),
+    Mutant("accelerating drops ignored", V,
+           "over_end = accelerating and end_rate is not None and end_rate > c.max_drop_fraction",
+           "over_end = False", (RULES,)),
+    Mutant("warm-up errors judged", V, "n_post = int((err & ctx.post).sum())",
+           "n_post = int(err.sum())", (RULES,)),
+    Mutant("a CUDA run without GPU samples is n/a", V, "if d.meta.is_cuda and not gpu_any:",
+           "if False:", (RULES,)),
+    Mutant("warm-up samples judged", M, "        return float(t[~warm].min())",
+           "        return 0.0", (RULES,)),
+    Mutant("floor window never shortened", M, "if span > 0 and span / w < MIN_WINDOWS:",
+           "if False:", (RULES,)),
+    Mutant("a FAIL verdict exits 0", "soakd/run/outcome.py",
+           "return ExitCode(int(verdict.exit_code))",
+           "return ExitCode.PASS if verdict.status == 'FAIL' else ExitCode(int(verdict.exit_code))",
+           (EXITS,)),
+    Mutant("run's exit code dropped", "soakd/cli/run.py",
+           "raise typer.Exit(execute_run(settings, live=use_live))",
+           "execute_run(settings, live=use_live)", (EXITS,)),
+    Mutant("frame age from the deadline", CTX, "frame_age_ms=(t_taken - frame.t_capture_ns) / 1e6,",
+           "frame_age_ms=(t_taken - frame.t_sched_ns) / 1e6,", (EXITS,)),
 )  # fmt: skip
 
 
@@ -144,9 +174,13 @@ def _stale(m: Mutant, root: Path) -> bool:
 
 
 def _run_tests(m: Mutant, copy: Path, timeout_s: float) -> str:
+    return _pytest(m.tests, copy, timeout_s)
+
+
+def _pytest(tests: tuple[str, ...], copy: Path, timeout_s: float) -> str:
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "2",
-           *m.tests]  # fmt: skip
+           *tests]  # fmt: skip
     try:
         r = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -154,9 +188,19 @@ def _run_tests(m: Mutant, copy: Path, timeout_s: float) -> str:
     return "survived" if r.returncode == 0 else "killed"
 
 
-def run_one(m: Mutant, copy: Path, timeout_s: float) -> str:
+def broken_baselines(
+    copy: Path, timeout_s: float, mutants: tuple[Mutant, ...] = MUTANTS
+) -> set[tuple[str, ...]]:
+    """The test-file sets (of ``mutants``) that do not pass on the unmutated copy."""
+    sets = sorted({m.tests for m in mutants})
+    return {t for t in sets if _pytest(t, copy, timeout_s) != "survived"}
+
+
+def run_one(m: Mutant, copy: Path, timeout_s: float, broken: set[tuple[str, ...]]) -> str:
     if _stale(m, copy):
         return "stale"
+    if m.tests in broken:
+        return "baseline"
     f = copy / m.path
     original = f.read_text()
     f.write_text(original.replace(m.old, m.new, 1))
@@ -181,12 +225,18 @@ def main(argv: list[str]) -> int:
         stale = [m.name for m in MUTANTS if _stale(m, REPO)]
         print("stale mutants: " + (", ".join(stale) if stale else "none"))
         return 1 if stale else 0
+    # --only TEXT: just the mutants whose name contains TEXT (to rerun one after a fix)
+    only = argv[argv.index("--only") + 1] if "--only" in argv[:-1] else ""
+    chosen = tuple(m for m in MUTANTS if only in m.name)
     results: list[tuple[Mutant, str, float]] = []
     with tempfile.TemporaryDirectory(prefix="soakd-mutate-") as tmp:
         copy = _copy_project(Path(tmp))
-        for m in MUTANTS:
+        broken = broken_baselines(copy, 300, chosen)
+        for tests in sorted(broken):
+            print(f"baseline: {' '.join(tests)} fails unmutated", flush=True)
+        for m in chosen:
             t0 = time.monotonic()
-            results.append((m, run_one(m, copy, 300), time.monotonic() - t0))
+            results.append((m, run_one(m, copy, 300, broken), time.monotonic() - t0))
             print(f"{results[-1][1]:<17} {results[-1][2]:6.1f} s  {m.name}", flush=True)
     killed = sum(r.startswith("killed") for _, r, _ in results)
     score = killed / len(results)

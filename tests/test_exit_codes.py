@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from soakd.analysis.model import Verdict
 from soakd.clock import MonotonicClock
 from soakd.config import ConfigError, load_settings
 from soakd.errors import ExitCode
 from soakd.records import Frame
 from soakd.run.drivers.context import DriverContext
+from soakd.run.outcome import Outcome, exit_code
 
 from .conftest import SYNTH_CLI as SYNTH
 from .conftest import run_cli
@@ -124,3 +126,28 @@ def test_lateness_is_grab_start_minus_deadline_and_age_is_dispatch_minus_capture
     assert rec.lateness_ms == pytest.approx(2.0)
     assert rec.frame_age_ms == pytest.approx(45.0)
     assert (rec.t_sched, rec.t_capture, rec.t_dispatch) == pytest.approx((1.0, 1.005, 1.05))
+
+
+def _verdict(status: str, code: ExitCode) -> Verdict:
+    return Verdict(run_id="r", status=status, exit_code=code, reason="", criteria=[])
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [("PASS", ExitCode.PASS), ("FAIL", ExitCode.FAIL), ("INVALID", ExitCode.INVALID)],
+)
+def test_a_judged_run_exits_with_its_verdict_unless_soakd_itself_failed(
+    status: str, code: ExitCode
+) -> None:
+    """exit_code: the verdict's code (0 / 1 / 3) for a run that ended on its own or was
+    aborted; 4 whenever soakd itself failed, whatever the verdict says."""
+    v = _verdict(status, code)
+    assert exit_code(Outcome("completed"), v) == code
+    assert exit_code(Outcome("aborted", "signal SIGTERM"), v) == code
+    assert exit_code(Outcome("completed", None, internal=True), v) == ExitCode.INTERNAL
+
+
+def test_an_unjudged_run_exits_0_only_when_it_completed() -> None:
+    """A profile (no verdict): 0 when it ran its course, 3 when it was aborted."""
+    assert exit_code(Outcome("completed"), None) == ExitCode.PASS
+    assert exit_code(Outcome("aborted", "stalled"), None) == ExitCode.INVALID
