@@ -266,7 +266,8 @@ def test_exporter_is_scraped_over_loopback_during_a_run(start: Callable[..., Dae
 
     frames = one("soakd_frames_total", run=run_id, gpu="none")
     assert frames >= 10
-    assert one("soakd_stage_latency_seconds_count", run=run_id, stage="infer") == frames
+    # a scrape reads each metric on its own while frames keep finishing: one frame apart
+    assert abs(one("soakd_stage_latency_seconds_count", run=run_id, stage="infer") - frames) <= 1
     infer_mean = one("soakd_stage_latency_seconds_sum", stage="infer") / frames
     assert 0.010 < infer_mean < 0.2  # the synthetic infer stage is 20 ms
     assert one("soakd_target_frames_per_second", run=run_id) == 10
