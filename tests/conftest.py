@@ -70,10 +70,13 @@ def soakd_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "soakd", *args]
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``soakd ARGS`` as a real subprocess from the repository root."""
+def run_cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``soakd ARGS`` as a real subprocess from the repository root (``env``: the
+    environment, e.g. the ``subprocess_env`` fixture; default this process's)."""
     return subprocess.run(
-        soakd_cmd(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout
+        soakd_cmd(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout, env=env
     )
 
 

@@ -25,7 +25,7 @@ from soakd.run.runner import run_soak
 from soakd.store import db as store
 from soakd.store.schema import SCHEMA_VERSION
 
-from .conftest import REPO, make_run, soakd_cmd
+from .conftest import REPO, make_run, run_cli, soakd_cmd
 
 NOBODY = 65534
 
@@ -287,14 +287,7 @@ def test_database_from_a_newer_soakd_is_refused_naming_both_schema_versions(
         with pytest.raises(store.StoreError, match=f"version 99 .* version {SCHEMA_VERSION}"):
             store.connect(db_path, readonly=readonly)
     for args in (("runs",), ("gate", "--latest"), ("show", "--latest")):
-        r = subprocess.run(
-            soakd_cmd(*args, "--db", str(db_path)),
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=subprocess_env,
-            timeout=60,
-        )
+        r = run_cli(*args, "--db", str(db_path), env=subprocess_env, timeout=60)
         assert r.returncode == ExitCode.USAGE, (args, r.stderr)
         assert r.stderr.count("\n") == 1 and "newer soakd" in r.stderr, r.stderr
     names = _count(db_path, "SELECT group_concat(name) FROM _migrations")
@@ -333,14 +326,7 @@ def test_corrupt_page_is_one_line_with_a_quick_check_hint_and_exit_2(
     line naming the damage and `PRAGMA quick_check`, and exit 2, never a traceback."""
     _corrupt_frames_page(db_path)
     for args in (("runs",), ("show", "r1"), ("report", "r1"), ("gate", "r1")):
-        r = subprocess.run(
-            soakd_cmd(*args, "--db", str(db_path)),
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=subprocess_env,
-            timeout=60,
-        )
+        r = run_cli(*args, "--db", str(db_path), env=subprocess_env, timeout=60)
         assert r.returncode == ExitCode.USAGE, (args, r.stderr[-2000:])
         assert "Traceback" not in r.stderr
         assert r.stderr.count("\n") == 1 and "PRAGMA quick_check" in r.stderr, r.stderr
