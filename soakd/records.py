@@ -149,3 +149,17 @@ SAMPLE_FIELDS: tuple[str, ...] = (
     "torch_alloc_retries",
     "torch_ooms",
 )
+
+
+#: the telemetry sample columns the analysis reads (RunData.samples, besides ``t``)
+SAMPLE_METRICS: tuple[str, ...] = (
+    "rss_bytes",
+    "cpu_pct",
+    "gpu_mem_used_bytes",
+    "gpu_mem_total_bytes",
+    "gpu_util_pct",
+    "gpu_proc_mem_bytes",
+    "torch_allocated_bytes",
+    "torch_reserved_bytes",
+    "torch_ooms",
+)

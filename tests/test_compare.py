@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import Callable
+from html import escape
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from soakd.analysis import judge_run
 from soakd.config import Settings
 from soakd.errors import UsageError
 from soakd.records import Emission, FrameRecord
@@ -17,7 +20,11 @@ from soakd.store import db as store
 from soakd.store import profiling_queries as q
 from soakd.store import runs
 from soakd.studies.compare import (
+    THEIL,
     Comparison,
+    _fmt,
+    _fmt_p,
+    _fmt_pct,
     compare,
     config_diff,
     flatten,
@@ -27,6 +34,7 @@ from soakd.studies.compare import (
 from .conftest import make_run, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
 
 
 def md_tables_consistent(text: str) -> int:
@@ -169,7 +177,7 @@ def test_compare_on_stored_runs_flags_regression_drops_and_criteria(
         c.metric("nope")
     d = json.loads(json.dumps(c.to_dict()))
     assert d["schema"] == "soakd.compare/1"
-    assert md_tables_consistent(c.to_markdown()) == 4
+    assert md_tables_consistent(c.to_markdown()) == 5
 
 
 def test_compare_warns_when_more_than_one_variable_differs(
@@ -331,3 +339,87 @@ def test_cli_compare_gate_exit_codes_and_baselines(three_runs: tuple[Path, list[
     assert r.returncode == 2 and "nope" in r.stderr
     r = run_cli("compare", a1, b, "--metric", "bogus", "--fail-on-regression", "5", "--db", str(db))
     assert r.returncode == 2 and "bogus" in r.stderr
+
+
+# --- readable output and the verdict's floor windows
+
+
+def _short_leaky_run(conn: sqlite3.Connection, rid: str, leak_mb_per_min: float) -> None:
+    """A judged 30 s run (10 fps, 5 s warm-up) whose RSS grows by ``leak_mb_per_min``: too
+    short for 10 s floor windows, so the verdict shortens them (floor_window_s)."""
+    cfg = {"criteria": {}, "workload": {"kind": "synthetic", "device": "cpu"},
+           "run": {"warmup_s": 5.0}}  # fmt: skip
+    make_run(conn, id=rid, fps=10, config=cfg, duration_s=30)
+    rng = np.random.default_rng(len(rid))
+    conn.executemany(
+        "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, warmup, grab_ms, pre_ms,"
+        " infer_ms, decode_ms, total_ms, frame_age_ms) VALUES (?,?,?,?,?,1,2,?,2,?,1)",
+        [(rid, i, i / 10, i / 10, int(i < 50), 20 + rng.normal(), 25.0) for i in range(300)],
+    )
+    t = np.arange(0, 30, 0.1)
+    rss = 400 * MIB + leak_mb_per_min * MIB * t / 60 + rng.normal(0, 0.05 * MIB, t.size)
+    conn.executemany(
+        "INSERT INTO samples (run_id, seq, t, wall, rss_bytes) VALUES (?,?,?,0,?)",
+        [(rid, i, float(t[i]), int(rss[i])) for i in range(t.size)],
+    )
+    judge_run(conn, rid)
+
+
+def test_compare_floor_slope_uses_the_verdicts_floor_windows(db_path: Path) -> None:
+    """On a short run the verdict judged, compare tests the memory floors (no "fewer than 3
+    floor windows") and its slope is the verdict's, window for window."""
+    conn = store.connect(db_path)
+    _short_leaky_run(conn, "A", 0.0)
+    _short_leaky_run(conn, "B", 30.0)
+    c = compare(conn, "A", "B")
+    m = c.metric("rss.floor_slope")
+    assert m.test == THEIL
+    stored = q.verdict_rows(conn, "B")["memory_rss"]
+    assert stored["status"] in ("pass", "fail")
+    assert m.b == pytest.approx(stored["value"], rel=1e-6)
+    assert m.beyond_noise is True
+
+
+def _two_runs(db_path: Path, synthetic: Callable[..., Settings]) -> Comparison:
+    rng = np.random.default_rng(3)
+    conn = store.connect(db_path)
+    _insert_run(conn, "A", synthetic(), verdicts={"errors": "pass"})
+    _insert_run(conn, "B", synthetic("workload.infer_ms=30"), verdicts={"errors": "fail"})
+    _write(db_path, "A", _frames(20 + rng.normal(0, 1, 200)))
+    _write(db_path, "B", _frames(30 + rng.normal(0, 1, 200)))
+    return compare(conn, "A", "B")
+
+
+def test_markdown_puts_stage_percentiles_side_by_side(
+    db_path: Path, synthetic: Callable[..., Settings]
+) -> None:
+    """to_markdown has a row per stage and percentile (p50, p95, p99) with A, B, the change
+    and whether it is significant, then the config diff."""
+    c = _two_runs(db_path, synthetic)
+    md = c.to_markdown()
+    assert "| stage | percentile | A | B | change | p | significant |" in md
+    for qn in ("p50", "p95", "p99"):
+        m = c.metric(f"infer_ms.{qn}")
+        row = f"| infer | {qn} | {_fmt(m.a)} | {_fmt(m.b)} | {_fmt_pct(m.change_pct)} |"
+        assert row in md and m.beyond_noise is True
+    assert "| grab | p50 |" in md and md.index("### Stage percentiles") < md.index(
+        "### Configuration diff"
+    )
+    assert "| `workload.infer_ms` | 20.00 | 30.00 |" in md
+
+
+def test_to_html_is_one_page_with_percentiles_config_diff_and_criteria(
+    db_path: Path, synthetic: Callable[..., Settings]
+) -> None:
+    """to_html: a self-contained page (no script, nothing fetched) with both runs' p50/p95/p99
+    side by side, the p-value, the config diff and the criteria."""
+    c = _two_runs(db_path, synthetic)
+    page = c.to_html()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "<script" not in page and "http" not in page.replace('lang="en"', "")
+    p99 = c.metric("infer_ms.p99")
+    assert f"<td>infer</td><td>p99</td><td>{_fmt(p99.a)}</td><td>{_fmt(p99.b)}</td>" in page
+    p50 = c.metric("infer_ms.p50")
+    assert f"<td>{_fmt_pct(p50.change_pct)}</td><td>{escape(_fmt_p(p50.p))}</td>" in page
+    assert "<td>workload.infer_ms</td><td>20.00</td><td>30.00</td>" in page
+    assert "<td>errors</td><td>pass</td><td>fail</td>" in page

@@ -104,17 +104,18 @@ def test_markdown_report_has_verdict_table_and_reason(leaky_db: Path) -> None:
     md = render("md", data, v)
     assert md.startswith("## soakd verdict: ❌ FAIL")
     assert "**Reason:**" in md and "memory_rss" in md
-    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "criterion" not in ln]
+    verdict_part = md.split("### Numbers", 1)[0]
+    rows = [ln for ln in verdict_part.splitlines() if ln.startswith("| ") and "criterion" not in ln]
     assert len(rows) == len(v.criteria)
 
 
 def test_json_report_is_versioned_and_strict(leaky_db: Path) -> None:
-    """The JSON report carries schema soakd.verdict/1, parses without NaN, and matches the
+    """The JSON report carries schema soakd.verdict/2, parses without NaN, and matches the
     stored verdict rows."""
     data, v = _load(leaky_db)
     text = render("json", data, v)
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
-    assert doc["schema"] == "soakd.verdict/1"
+    assert doc["schema"] == "soakd.verdict/2"
     assert doc["verdict"] == {"status": "FAIL", "exit_code": 1, "reason": v.reason}
     by = {c["criterion"]: c for c in doc["criteria"]}
     assert by["memory_rss"]["status"] == "fail" and by["errors"]["value"] == 1
@@ -143,7 +144,7 @@ def test_html_is_self_contained_with_aligned_panels(leaky_db: Path) -> None:
     nothing from outside (no script, no link, no remote URL)."""
     data, v = _load(leaky_db)
     html = render("html", data, v)
-    for panel in ("stages", "frame_age", "drops", "rss", "util"):
+    for panel in ("stages", "frame_age", "drops", "rss", "util", "queue", "fps"):
         assert f'data-panel="{panel}"' in html
     assert "<script" not in html and "<link" not in html
     assert not re.search(r"(src|href)=\"(https?:)?//", html)
@@ -168,6 +169,35 @@ def test_line_chart_draws_series_thresholds_and_gaps() -> None:
     assert len(paths) == 1 and paths[0].get("d", "").count("M") == 2
     assert len(list(root.iter(f"{ns}line"))) >= 2
     assert "empty (no data)" in svg
+
+
+def test_vertical_markers_carry_a_visible_text_label() -> None:
+    """A labelled VLine draws its label as text next to the line (not only as a tooltip),
+    shortened when long; an unlabelled one draws no text."""
+    svg = line_chart(
+        [Series("a", [0, 1], [0, 1])],
+        vlines=[VLine(0.5, "error: " + "x" * 60), VLine(0.7)],
+    )
+    ns = "{http://www.w3.org/2000/svg}"
+    labels = [t for t in ET.fromstring(svg).iter(f"{ns}text") if t.get("class") == "vlabel"]
+    assert len(labels) == 1
+    assert (labels[0].text or "").startswith("error: x") and len(labels[0].text or "") <= 24
+
+
+def test_html_fps_panel_counts_frames_done_per_window(leaky_db: Path) -> None:
+    """The achieved-fps panel of a 10 fps run draws windows that read 10 fps (frames done
+    per window divided by its width), with the 10 fps target as a threshold line."""
+    data, v = _load(leaky_db)
+    html = render("html", data, v)
+    svg = html[html.index('data-panel="fps"') - 200 :]
+    svg = svg[svg.index("<svg") : svg.index("</svg>") + 6]
+    assert "target 10 fps" in svg
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.fromstring(svg)
+    (path,) = [p for p in root.iter(f"{ns}path") if p.get("class") == "series"]
+    (hline,) = [ln for ln in root.iter(f"{ns}line") if ln.get("class") == "hline"]
+    ys = {float(y) for y in re.findall(r"[ML][\d.]+,([\d.]+)", path.get("d", ""))}
+    assert ys == {float(hline.get("y1", "nan"))}
 
 
 def test_decimate_keeps_extremes_and_bounds_points() -> None:
@@ -307,7 +337,7 @@ def test_markdown_escapes_html_pipes_and_newlines_from_run_name_and_errors(
     assert (
         "(&lt;script&gt;alert(1)&lt;/script&gt; a\\|b red bell\\x07 next &amp; &lt;b&gt;)" in head
     )
-    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    rows = [ln for ln in md.split("### Numbers", 1)[0].splitlines() if ln.startswith("| ")]
     assert len(rows) == len(v.criteria) + 1
     assert all(len(re.findall(r"(?<!\\)\|", ln)) == 7 for ln in rows)
     errors_row = next(ln for ln in rows if "| errors |" in ln)

@@ -148,6 +148,26 @@ class RunData:
             return float(t[~warm].min())
         return float(t.max())  # every frame is a warm-up frame: nothing measured
 
+    def window_end(self, t0: float) -> float:
+        """Seconds since start at which the measured window ends: the last frame capture or
+        telemetry sample (``t0`` when there is neither)."""
+        t, st = self.frames["t_capture"], self.samples["t"]
+        end = float(t.max()) if t.size else t0
+        return max(end, float(st.max())) if st.size else end
+
+    def post_warmup(self, t0: float) -> np.ndarray:
+        """Mask of the rows after the warm-up (not flagged warm-up, captured at or after
+        ``t0``), dispatched or skipped as stale: what losses are counted over."""
+        t = self.frames["t_capture"]
+        if not t.size:
+            return np.zeros(0, dtype=bool)
+        return (self.frames["warmup"] == 0) & (t >= t0)
+
+    def measured(self, t0: float) -> np.ndarray:
+        """Mask of the measured frames: post-warm-up and dispatched (the first frame is
+        flagged warm-up too). Every timing statistic is computed over these."""
+        return self.post_warmup(t0) & (self.frames["skipped"] == 0)
+
 
 # --------------------------------------------------------------------------- verdict
 

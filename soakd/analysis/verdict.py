@@ -44,6 +44,7 @@ from soakd.analysis.model import (
     age_window_s,
     floor_window_s,
 )
+from soakd.analysis.thresholds import ended_by_threshold, judge_thresholds
 from soakd.config import CriteriaSettings
 from soakd.errors import ExitCode
 
@@ -964,16 +965,12 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
     """Judge a run against ``criteria``. ``history``: jitter ratios (max/median) of earlier
     passing runs of the same config on this host, newest first (used when
     ``jitter_k = "history"``)."""
-    t = data.frames["t_capture"]
     t0 = data.warmup_end()
-    t1 = float(t.max()) if t.size else t0
-    st = data.samples["t"]
-    if st.size:
-        t1 = max(t1, float(st.max()))
-    warm = data.frames["warmup"] > 0
-    post = ~warm & (t >= t0) if t.size else np.zeros(0, dtype=bool)
-    measured = post & (data.frames["skipped"] == 0)
+    t1 = data.window_end(t0)
+    post = data.post_warmup(t0)
+    measured = data.measured(t0)
     ctx = _Ctx(data, criteria, t0, t1, measured, post, {}, {})
+    thresholds = judge_thresholds(data, criteria)
     results = [
         judge_run_validity(ctx),
         judge_drops(ctx),
@@ -981,8 +978,9 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
         *judge_memory(ctx),
         judge_jitter(ctx, history),
         judge_errors(ctx),
+        *thresholds,
     ]
-    status, code, reason = _overall(results)
+    status, code, reason = _overall(results, ended_by_threshold(data, thresholds))
     warnings = [w for r in results for w in r.warnings]
     v = Verdict(
         run_id=data.meta.run_id,
@@ -999,7 +997,13 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
     return v
 
 
-def _overall(results: Sequence[CriterionResult]) -> tuple[str, ExitCode, str]:
+def _overall(
+    results: Sequence[CriterionResult], cut: CriterionResult | None = None
+) -> tuple[str, ExitCode, str]:
+    """INVALID beats FAIL beats PASS, except that a run ended early by its failing
+    abort_on_fail threshold ``cut`` is FAIL (the rest was cut short by that failure)."""
+    if cut is not None:
+        return OVERALL_FAIL, ExitCode.FAIL, f"{cut.criterion}: {cut.detail} (abort_on_fail)"
     invalid = [r for r in results if r.status == INVALID]
     failed = [r for r in results if r.status == FAIL]
     if invalid:

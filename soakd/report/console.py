@@ -3,6 +3,7 @@ warnings and hints. Printed after every run (``soakd run``) and by ``soakd gate`
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -30,13 +31,15 @@ def _fmt(v: float | None, unit: str) -> str:
     return f"{v:.4g}"
 
 
-def format_verdict_table(verdict: Verdict) -> RenderableType:
-    """The verdict as a rich renderable: the criteria table, then warnings and hints."""
+def format_verdict_table(verdict: Verdict, *, boxed: bool = True) -> RenderableType:
+    """The verdict as a rich renderable: the criteria table, then warnings and hints.
+    ``boxed=False``: aligned columns with no box-drawing characters (for the journal)."""
     st = _OVERALL.get(verdict.status, "bold")
     table = Table(
         title=Text(f"{verdict.status}  run {verdict.run_id}", style=st),
         title_justify="left",
         expand=False,
+        box=box.HEAVY_HEAD if boxed else None,
     )
     for col in ("criterion", "status", "value", "threshold", "unit", "detail"):
         table.add_column(col, overflow="fold", no_wrap=col != "detail")

@@ -19,6 +19,8 @@ from soakd import __version__
 from soakd.analysis import stats
 from soakd.analysis.model import MIB, RunData, Verdict, age_window_s
 from soakd.records import STAGE_COLUMNS
+from soakd.report.html_numbers import numbers_html
+from soakd.report.summary import summarize
 from soakd.report.svg import HLine, Series, Span, VLine, line_chart
 
 _CSS = """
@@ -32,18 +34,52 @@ td.invalid{color:#b8860b;font-weight:bold} td.na{color:#999}
 """
 
 _PLOT_WINDOWS = 600
+_FRAMES_PER_WINDOW = 4  # plot windows hold at least this many frames (low-fps runs)
+_CPU_WINDOW_S = 2.0  # cpu_pct is quantised at short sampling intervals: average it over this
+_CPU_WINDOWS = 150  # ... or over longer windows, at most this many over the run
+
+
+def _binned(t: np.ndarray, y: np.ndarray | None, width: float, hi: float) -> tuple[np.ndarray, ...]:
+    """Consecutive windows of ``width`` s from 0 to ``hi``: their centres (the last one's
+    clipped at ``hi``), how many finite values of ``y`` (or times, when ``y`` is None) each
+    holds, and the mean of ``y`` in each (NaN where empty)."""
+    n = max(1, math.ceil(hi / width - 1e-9))
+    edges = np.arange(n + 1) * width
+    ok = np.isfinite(t) & (np.isfinite(y) if y is not None else True)
+    count, _ = np.histogram(t[ok], bins=edges)
+    total = np.histogram(t[ok], bins=edges, weights=y[ok])[0] if y is not None else count
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return (edges[:-1] + np.minimum(edges[1:], hi)) / 2, count, mean
 
 
 def _trend_lines(
-    verdict: Verdict, name: str, t0: float, t1: float, scale: float, tolerance_per_s: float
+    verdict: Verdict,
+    name: str,
+    t0: float,
+    t1: float,
+    scale: float,
+    tolerance_per_s: float,
+    y_cap: float | None = None,
 ) -> list[Series]:
+    """The Theil–Sen fit and the tolerance (the steepest allowed growth) in the units drawn
+    (``scale`` per unit). Both span the judged windows; the fit's intercept is at t = 0 s
+    (window centres are seconds since start) and the tolerance line starts on the fit at the
+    first judged window, so both lie on the data rather than extrapolated past it. A
+    tolerance that climbs past ``y_cap`` (the data's top, drawn units) stops there, so a
+    steep allowance does not squash the data into the bottom of the panel."""
     tr = verdict.trends.get(name)
     if tr is None or not math.isfinite(tr.intercept) or tr.n < 3:
         return []
-    xs = np.array([t0, t1])
+    w = verdict.series.get(name)
+    judged = w.t[w.nonempty()] if w is not None else np.empty(0)
+    xs = np.array([judged[0], judged[-1]]) if judged.size > 1 else np.array([t0, t1])
     fit = (tr.intercept + tr.slope * xs) / scale
-    start = fit[0]
-    tol = start + tolerance_per_s * (xs - t0) / scale
+    tol = fit[0] + tolerance_per_s * (xs - xs[0]) / scale
+    tol_x = xs
+    if y_cap is not None and tolerance_per_s > 0 and tol[-1] > y_cap > tol[0]:
+        x_end = xs[0] + (y_cap - tol[0]) * scale / tolerance_per_s
+        tol_x, tol = np.array([xs[0], x_end]), np.array([tol[0], y_cap])
     return [
         Series(
             f"trend {tr.slope * 60 / scale:+.3g}/min",
@@ -53,7 +89,7 @@ def _trend_lines(
             dash="5 3",
             width=1.2,
         ),
-        Series("tolerance", xs, tol, color="#d62728", dash="2 3", width=1.2),
+        Series("tolerance", tol_x, tol, color="#d62728", dash="2 3", width=1.2),
     ]
 
 
@@ -82,7 +118,14 @@ class _Panels:
             for e in data.events
             if e.get("kind") in ("oom", "error", "stall", "abort") and e.get("t") is not None
         ][:100]
-        self.pw = max(self.x_range[1] / _PLOT_WINDOWS, age_window_s(hi, None) / 4)
+        ok = np.isfinite(t)
+        span = float(t[ok].max() - t[ok].min()) if ok.sum() > 1 else 0.0
+        per_frame = span / (int(ok.sum()) - 1) if span > 0 else 0.0
+        self.pw = max(
+            self.x_range[1] / _PLOT_WINDOWS,
+            age_window_s(hi, None) / 4,
+            _FRAMES_PER_WINDOW * per_frame,
+        )
 
     def chart(
         self,
@@ -113,12 +156,14 @@ class _Panels:
         for col in STAGE_COLUMNS:
             y = self.data.frame(col)
             w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0)
-            if w.t.size:
-                series.append(Series(col.removesuffix("_ms"), w.t, w.median))
+            has = w.nonempty()
+            if has.any():
+                series.append(Series(col.removesuffix("_ms"), w.t[has], w.median[has]))
         y = self.data.frame("infer_ms")
         w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0, medians=False)
-        if w.t.size:
-            series.append(Series("infer max", w.t, w.max, dash="3 2", width=1.0))
+        has = w.nonempty()
+        if has.any():
+            series.append(Series("infer max", w.t[has], w.max[has], dash="3 2", width=1.0))
         return self.chart(series, "stages", "Stage latencies (window medians)", "ms")
 
     def age(self) -> str:
@@ -133,7 +178,8 @@ class _Panels:
                 Series("window max", w.t, w.max, dash="3 2", width=1.0),
             ]
         tol = (c.threshold or 0.0) / 60 if c else 0.0
-        series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol)
+        top = float(np.nanmax(w.max)) * 1.2 if w is not None and w.nonempty().any() else None
+        series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol, top)
         hl = []
         if c and c.evidence.get("max_age_p95_ms"):
             hl.append(HLine(float(c.evidence["max_age_p95_ms"]), "p95 limit"))
@@ -183,15 +229,47 @@ class _Panels:
         return self.chart(series, panel, title, "MB", y_zero=False)
 
     def util(self) -> str:
+        """GPU and CPU utilisation as means over windows of at least ``_CPU_WINDOW_S``: one
+        psutil reading over a 100-200 ms tick is quantised (0 or 10 % of a core), the mean
+        over a window is the CPU time used in it."""
         st = self.data.samples["t"]
+        width = max(_CPU_WINDOW_S, self.x_range[1] / _CPU_WINDOWS)
         series = []
         for col in ("gpu_util_pct", "cpu_pct"):
             y = self.data.sample(col)
             if np.isfinite(y).any():
-                series.append(Series(col.removesuffix("_pct"), st, y, width=1.0))
+                c, _n, mean = _binned(st, y, width, self.x_range[1])
+                series.append(Series(f"{col.removesuffix('_pct')} ({width:.2g} s mean)", c, mean))
         if not series:
             return '<p class="note" data-panel="util">Utilisation: no data</p>'
-        return self.chart(series, "util", "GPU / CPU utilisation (%)", "%")
+        return self.chart(series, "util", "GPU / CPU utilisation (%, window means)", "%")
+
+    def queue(self) -> str:
+        """The frame queue's length when each frame was taken: window medians and maxima."""
+        t, q = self.data.frames["t_capture"], self.data.frame("queue_len")
+        if not np.isfinite(q).any():
+            return '<p class="note" data-panel="queue">Queue length: no data</p>'
+        w = stats.window_reduce(t, q, self.pw, t0=0.0)
+        has = w.nonempty()
+        series = [
+            Series("window median", w.t[has], w.median[has], kind="step"),
+            Series("window max", w.t[has], w.max[has], kind="step", dash="3 2", width=1.0),
+        ]
+        return self.chart(series, "queue", "Frame queue length (frames waiting)", "frames")
+
+    def fps(self) -> str:
+        """Achieved frame rate: frames finished (``t_done``) per window, against the target."""
+        done = self.data.frame("t_done")
+        if not np.isfinite(done).any():
+            done = self.data.frames["t_capture"]
+        width = max(self.pw, 1.0)
+        c, n, _ = _binned(done, None, width, self.x_range[1])
+        ends = (np.arange(c.size) + 1) * width
+        full = ends <= float(np.nanmax(done)) + 1e-9  # a last partial window reads low
+        series = [Series(f"frames done per {width:.3g} s", c[full], n[full] / width)]
+        target = self.data.meta.fps
+        hl = [HLine(float(target), f"target {target:g} fps", color="#7f7f7f")] if target else []
+        return self.chart(series, "fps", "Achieved frame rate (fps)", "fps", hl)
 
 
 def render_html(data: RunData, verdict: Verdict) -> str:
@@ -233,6 +311,8 @@ def render_html(data: RunData, verdict: Verdict) -> str:
             "GPU memory (MB): floors, trend",
         ),
         p.util(),
+        p.queue(),
+        p.fps(),
     ]
     title = f"soakd {verdict.status}: run {m.run_id}"
     head = (
@@ -250,7 +330,7 @@ def render_html(data: RunData, verdict: Verdict) -> str:
         f"{int(verdict.exit_code)}</p>{reason}"
         "<table><tr><th>criterion</th><th>status</th><th>value</th><th>threshold</th>"
         f"<th>unit</th><th>detail</th></tr>{''.join(rows)}</table>"
-        f"<ul>{notes}</ul><h2>Timeline</h2>"
+        f"<ul>{notes}</ul>{numbers_html(summarize(data, verdict))}<h2>Timeline</h2>"
         + "".join(f'<div class="panel">{s}</div>' for s in panels)
         + f'<p class="note">generated by soakd {__version__}</p></body></html>\n'
     )

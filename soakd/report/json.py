@@ -1,7 +1,8 @@
-"""The versioned JSON report (docs/report-schema.md): ``{"schema": "soakd.verdict/1", ...}``.
+"""The versioned JSON report (docs/report-schema.md): ``{"schema": "soakd.verdict/2", ...}``.
 
 The schema string changes its number only on an incompatible change (a key removed or its
-meaning changed); new keys may appear within a version.
+meaning changed); new keys may appear within a version. Version 2 added ``summary`` (the
+run's numbers: ``soakd.report.summary``), ``environment`` and ``config``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from typing import Any
 from soakd import __version__
 from soakd.analysis.model import RunData, Verdict
 from soakd.jsonsafe import clean_json
+from soakd.report.summary import summarize
 
-SCHEMA = "soakd.verdict/1"
+SCHEMA = "soakd.verdict/2"
 
 
 def verdict_dict(data: RunData, verdict: Verdict) -> dict[str, Any]:
     """The report as a JSON-safe dict (NaN and infinities become null)."""
     m = data.meta
+    numbers = summarize(data, verdict)
     return clean_json(
         {
             "schema": SCHEMA,
@@ -43,6 +46,9 @@ def verdict_dict(data: RunData, verdict: Verdict) -> dict[str, Any]:
                 "reason": verdict.reason,
             },
             "window": verdict.window,
+            "summary": numbers.as_dict(),
+            "environment": numbers.environment,
+            "config": numbers.config,
             "criteria": [
                 {
                     "criterion": c.criterion,

@@ -6,18 +6,26 @@ escaped by ``_cell``: no raw HTML reaches the page, and no ``|`` or newline brea
 
 from __future__ import annotations
 
+import json
+
 from soakd.analysis.model import RunData, Verdict
+from soakd.report.summary import RunSummary, summarize
 from soakd.report.text import plain
 
 _ICON = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "n/a": "➖"}
 _BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}
 
 
+def _html(text: str) -> str:
+    """``text`` with ``& < >`` as HTML entities (line breaks kept)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _cell(text: str) -> str:
     """``text`` as inert Markdown on one line: ANSI codes and controls made visible
     (``soakd.report.text.plain``), ``& < >`` as HTML entities, ``|`` escaped, line breaks
     as spaces."""
-    text = plain(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _html(plain(text))
     return text.replace("|", "\\|").replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
@@ -27,8 +35,51 @@ def _num(v: float | None, unit: str) -> str:
     return f"{v:.2%}" if unit == "fraction" else f"{v:.4g}"
 
 
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.4g}"
+
+
+def _count(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0f}"
+
+
+def numbers_section(s: RunSummary) -> list[str]:
+    """The "Numbers" section: stage percentiles (ms), frame age, fps, counts, environment
+    and the config (collapsed)."""
+    lines = ["", "### Numbers", "", "| stage | n | p50 ms | p95 ms | p99 ms | max ms | first ms |"]
+    lines.append("|---|---:|---:|---:|---:|---:|---:|")
+    for name, d in [*s.stages.items(), ("frame age", s.frame_age)]:
+        if not d.n:
+            continue
+        first = _ms(s.first_ms.get(name))
+        lines.append(
+            f"| {name} | {d.n} | {_ms(d.p50)} | {_ms(d.p95)} | {_ms(d.p99)} | {_ms(d.max)} | "
+            f"{first} |"
+        )
+    ach, tgt = s.fps.get("achieved"), s.fps.get("target")
+    c = s.counts
+    lines += [
+        "",
+        f"**fps:** {_ms(ach)} achieved vs {_ms(tgt)} target (measured frames / measured s)",
+        "",
+        f"**Counts:** {_count(c.get('captured'))} captured, {_count(c.get('done'))} done, "
+        f"{_count(c.get('measured'))} measured, {_count(c.get('drops'))} drops, "
+        f"{_count(c.get('stale'))} stale, {_count(c.get('errors'))} errors",
+        "",
+        f"**Environment:** {_cell(s.environment_line())}",
+        "",
+        "<details><summary>Config</summary>",
+        "",
+        f"<pre>{_html(json.dumps(s.config, indent=2, sort_keys=True, default=str))}</pre>",
+        "",
+        "</details>",
+    ]
+    return lines
+
+
 def render_markdown(data: RunData, verdict: Verdict) -> str:
-    """A heading with the verdict, the criteria table, then warnings and hints."""
+    """A heading with the verdict, the criteria table, the numbers, then warnings and
+    hints."""
     m = data.meta
     dur = f"{m.duration_s:.0f} s" if m.duration_s is not None else "?"
     lines = [
@@ -48,6 +99,7 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
             f"| {_ICON.get(c.status, c.status)} | {_cell(c.criterion)} | {_num(c.value, c.unit)} | "
             f"{_num(c.threshold, c.unit)} | {c.unit} | {_cell(c.detail)} |"
         )
+    lines += numbers_section(summarize(data, verdict))
     if verdict.warnings:
         lines += ["", "**Warnings**", ""] + [f"- {_cell(w)}" for w in verdict.warnings]
     if verdict.hints:

@@ -285,7 +285,8 @@ def _scales(
         extra = [h.y for h in hlines] + ([0.0] if y_zero else [])
         y_lo, y_hi = _data_range([p[2] for p in prepared], extra)
         pad = (y_hi - y_lo) * 0.05
-        y_lo, y_hi = (y_lo if y_zero and y_lo == 0 else y_lo - pad), y_hi + pad
+        # extra headroom above the data keeps the legend (top left) off the lines
+        y_lo, y_hi = (y_lo if y_zero and y_lo == 0 else y_lo - pad), y_hi + 3 * pad
     else:
         y_lo, y_hi = y_range
     sx = _Scale(x_lo, x_hi, box.left, box.left + box.w)
@@ -349,10 +350,19 @@ def _hline(h: HLine, sy: _Scale, box: _Box) -> str:
 def _vline(v: VLine, sx: _Scale, box: _Box) -> str:
     xx = sx.one(v.x)
     dash = f' stroke-dasharray="{v.dash}"' if v.dash else ""
-    return (
+    line = (
         f'<line class="vline" x1="{xx:.1f}" x2="{xx:.1f}" y1="{box.top}" '
         f'y2="{box.top + box.h}" stroke="{v.color}"{dash}><title>{escape(v.label)}'
         "</title></line>"
+    )
+    if not v.label:
+        return line
+    short = v.label if len(v.label) <= 24 else v.label[:23] + "…"
+    # the label runs down the inside of the line, from the top of the plot area
+    return line + (
+        f'<text class="vlabel" x="{xx + 3:.1f}" y="{box.top + 4}" fill="{v.color}" '
+        f'font-size="10" transform="rotate(90 {xx + 3:.1f} {box.top + 4})">'
+        f"{escape(short)}</text>"
     )
 
 

@@ -14,7 +14,8 @@ SHOW_COLUMNS = (*STAGE_COLUMNS, "frame_age_ms", "e2e_ms")
 
 
 def stage_stats(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, float | None]]:
-    """first frame, p50, p95 and max of each stage over post-warm-up dispatched frames."""
+    """first frame, p50, p95, p99 and max of each stage over post-warm-up dispatched
+    frames."""
     cols = ", ".join(SHOW_COLUMNS)
     first = conn.execute(
         f"SELECT {cols} FROM frames WHERE run_id = ? AND first = 1", (run_id,)
@@ -32,6 +33,7 @@ def stage_stats(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, fl
             "first": None if first is None or first[i] is None else float(first[i]),
             "p50": float(np.median(col)) if col.size else None,
             "p95": float(np.percentile(col, 95)) if col.size else None,
+            "p99": float(np.percentile(col, 99)) if col.size else None,
             "max": float(col.max()) if col.size else None,
             "n": int(col.size),
         }

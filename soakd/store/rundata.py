@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from soakd.jsonsafe import clean_json
+from soakd.records import SAMPLE_METRICS
 from soakd.store.db import atomic
 from soakd.store.runs import set_verdict
 
@@ -113,19 +114,6 @@ def load_frame_columns(
     cols["skipped"] = ((flags >> 1) & 1).astype(np.int8)
     cols["has_error"] = ((flags >> 2) & 1).astype(np.int8)
     return cols
-
-
-SAMPLE_METRICS: tuple[str, ...] = (
-    "rss_bytes",
-    "cpu_pct",
-    "gpu_mem_used_bytes",
-    "gpu_mem_total_bytes",
-    "gpu_util_pct",
-    "gpu_proc_mem_bytes",
-    "torch_allocated_bytes",
-    "torch_reserved_bytes",
-    "torch_ooms",
-)
 
 
 def load_sample_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:

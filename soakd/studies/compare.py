@@ -23,10 +23,13 @@ import math
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from html import escape
 from typing import Any
 
 import numpy as np
 
+from soakd.analysis.data import load_run_data
+from soakd.analysis.model import floor_window_s
 from soakd.analysis.stats import scipy_stats, window_reduce
 from soakd.config import flatten
 from soakd.errors import UsageError
@@ -52,6 +55,7 @@ NO_TEST = "no test"
 TESTS: dict[str, str] = {
     "p50": f"{MW} on the per-frame values",
     "p95": f"{BOOT} in p95 (500 resamples, CI level 1 - alpha)",
+    "p99": f"{BOOT} in p99 (500 resamples, CI level 1 - alpha)",
     "max": f"{NO_TEST}: a single value",
     "drop_fraction": f"{FISHER} on lost vs dispatched frame counts",
     "floor_slope": f"{THEIL}: the two runs' Theil–Sen slope CIs (level 1 - alpha) do not overlap",
@@ -162,6 +166,9 @@ class Comparison:
 
     def to_markdown(self) -> str:
         return render_markdown(self)
+
+    def to_html(self) -> str:
+        return render_html(self)
 
 
 # --- building a comparison
@@ -299,18 +306,19 @@ def _mannwhitney(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(scipy_stats().mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def _bootstrap_p95(
-    a: np.ndarray, b: np.ndarray, alpha: float, rng: np.random.Generator
+def _bootstrap_pct(
+    a: np.ndarray, b: np.ndarray, pct: float, alpha: float, rng: np.random.Generator
 ) -> bool | None:
-    """True when the bootstrap CI (level 1 - alpha) of p95(b) - p95(a) excludes 0."""
+    """True when the bootstrap CI (level 1 - alpha) of the ``pct``-th percentile of b minus
+    that of a excludes 0."""
     if a.size < 10 or b.size < 10:
         return None
     if a.size > _BOOT_MAX_N:
         a = rng.choice(a, _BOOT_MAX_N, replace=False)
     if b.size > _BOOT_MAX_N:
         b = rng.choice(b, _BOOT_MAX_N, replace=False)
-    qa = np.percentile(rng.choice(a, (_BOOT_RESAMPLES, a.size)), 95, axis=1)
-    qb = np.percentile(rng.choice(b, (_BOOT_RESAMPLES, b.size)), 95, axis=1)
+    qa = np.percentile(rng.choice(a, (_BOOT_RESAMPLES, a.size)), pct, axis=1)
+    qb = np.percentile(rng.choice(b, (_BOOT_RESAMPLES, b.size)), pct, axis=1)
     lo, hi = np.percentile(qb - qa, [100 * alpha / 2, 100 * (1 - alpha / 2)])
     return bool(lo > 0 or hi < 0)
 
@@ -322,7 +330,7 @@ def _distribution_rows(
     alpha: float,
     min_effect: float,
     rng: np.random.Generator,
-    quantiles: Sequence[str] = ("p50", "p95", "max"),
+    quantiles: Sequence[str] = ("p50", "p95", "p99", "max"),
 ) -> list[MetricRow]:
     rows = []
     for qn in quantiles:
@@ -334,20 +342,11 @@ def _distribution_rows(
                     f"{name}.p50", "ms", _quantile(a, 50), _quantile(b, 50), MW, p, sig, min_effect
                 )
             )
-        elif qn == "p95":
-            sig = _bootstrap_p95(a, b, alpha, rng)
-            rows.append(
-                _row(
-                    f"{name}.p95",
-                    "ms",
-                    _quantile(a, 95),
-                    _quantile(b, 95),
-                    BOOT,
-                    None,
-                    sig,
-                    min_effect,
-                )
-            )
+        elif qn in ("p95", "p99"):
+            pct = float(qn[1:])
+            sig = _bootstrap_pct(a, b, pct, alpha, rng)
+            qa, qb = _quantile(a, pct), _quantile(b, pct)
+            rows.append(_row(f"{name}.{qn}", "ms", qa, qb, BOOT, None, sig, min_effect))
         else:
             rows.append(
                 _row(
@@ -383,7 +382,7 @@ def _stage_metrics(
             alpha,
             min_effect,
             rng,
-            ("p50", "p95"),
+            ("p50", "p95", "p99"),
         )
     )
     return rows
@@ -407,17 +406,35 @@ def _drop_metric(conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float)
 
 
 def floor_slope(
-    t: np.ndarray, v: np.ndarray, window_s: float, alpha: float
+    t: np.ndarray,
+    v: np.ndarray,
+    window_s: float,
+    alpha: float,
+    *,
+    t0: float | None = None,
+    t1: float | None = None,
 ) -> tuple[float, float, float] | None:
-    """Theil–Sen slope of the window floors in MB/min with its CI (level 1 - alpha), or None
-    with fewer than three windows."""
-    w = window_reduce(t, v, window_s, medians=False)
+    """Theil–Sen slope of the window floors (windows from ``t0`` to ``t1``) in MB/min with
+    its CI (level 1 - alpha), or None with fewer than three windows."""
+    w = window_reduce(t, v, window_s, t0=t0, t1=t1, medians=False)
     ok = w.nonempty()
     wt, wf = w.t[ok], w.floor[ok]
     if wt.size < 3:
         return None
     slope, _icpt, lo, hi = scipy_stats().theilslopes(wf / _MB, wt / 60.0, alpha=1 - alpha)
     return float(slope), float(lo), float(hi)
+
+
+def _floor_window(conn: sqlite3.Connection, run: RunRow) -> tuple[float, float, float]:
+    """(t0, t1, window_s) of a run's memory floors, as the verdict takes them: the measured
+    window (from the start for a profile run) and ``floor_window_s`` shortened for a short
+    run (``soakd.analysis.model.floor_window_s``)."""
+    data = load_run_data(conn, run.id)
+    t0 = 0.0 if run.mode == "profile" else data.warmup_end()
+    t1 = data.window_end(t0)
+    configured = float(run.config.get("criteria", {}).get("floor_window_s", 10.0))
+    window, _note = floor_window_s(max(t1 - t0, 0.0), configured)
+    return t0, t1, window
 
 
 def _memory_metrics(
@@ -427,14 +444,12 @@ def _memory_metrics(
     fits = {}
     sampled: set[str] = set()
     for r in (ra, rb):
-        crit = r.config.get("criteria", {})
-        window = float(crit.get("floor_window_s", 10.0))
-        t_min = 0.0 if r.mode == "profile" else float(r.config.get("run", {}).get("warmup_s", 0))
+        t0, t1, window = _floor_window(conn, r)
         for col in MEMORY_COLUMNS:
-            t, v = q.sample_series(conn, r.id, col, t_min=t_min)
+            t, v = q.sample_series(conn, r.id, col, t_min=t0)
             if t.size:
                 sampled.add(col)
-            fits[(r.id, col)] = floor_slope(t, v, window, alpha)
+            fits[(r.id, col)] = floor_slope(t, v, window, alpha, t0=t0, t1=t1)
     for col in MEMORY_COLUMNS:
         if col not in sampled:
             continue
@@ -546,12 +561,49 @@ def _md_cell(v: Any) -> str:
     return _fmt(v).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(c: Comparison) -> str:
-    """The comparison as GitHub-flavoured Markdown."""
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One section of a rendered comparison: a title, column headers, rows of cell values
+    (formatted by the renderer), and notes (warnings, legends) under the title."""
+
+    title: str
+    headers: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    empty: str = ""
+    notes: tuple[str, ...] = ()
+
+
+_QUANTILES = ("p50", "p95", "p99")
+
+
+def stage_table(c: Comparison) -> Table:
+    """Both runs' stage percentiles side by side: one row per stage and percentile, with
+    the change, the test's p-value (p50) and whether it is beyond noise."""
+    by = {m.name: m for m in c.metrics}
+    rows: list[tuple[Any, ...]] = []
+    for col in (*STAGE_COLUMNS, "frame_age_ms"):
+        for qn in _QUANTILES:
+            m = by.get(f"{col}.{qn}")
+            if m is not None:
+                change, p = _fmt_pct(m.change_pct), _fmt_p(m.p)
+                rows.append((col.removesuffix("_ms"), qn, m.a, m.b, change, p, m.beyond_noise))
+    return Table(
+        "Stage percentiles (ms)",
+        ("stage", "percentile", "A", "B", "change", "p", "significant"),
+        rows,
+        "No stage timings in either run.",
+        (
+            f"significant: the test ({TESTS['p50']} for p50, {BOOT} for p95/p99) rejects "
+            f"no-difference at alpha = {c.alpha:g} and the change is at least "
+            f"{c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms.",
+        ),
+    )
+
+
+def _tables(c: Comparison) -> list[Table]:
+    """The comparison's sections, in order, for both renderers."""
     a, b = c.run_a, c.run_b
-    lines = [f"## soakd compare: `{a.id}` (A) vs `{b.id}` (B)", ""]
-    lines += ["| | A | B |", "|---|---|---|"]
-    for label, fa, fb in (
+    runs_rows = [
         ("name", a.name, b.name),
         ("mode", a.mode, b.mode),
         ("status", a.status, b.status),
@@ -559,50 +611,114 @@ def render_markdown(c: Comparison) -> str:
         ("workload", a.workload_kind, b.workload_kind),
         ("started", a.started_at, b.started_at),
         ("measured frames", a.measured_frames, b.measured_frames),
-    ):
-        lines.append(f"| {label} | {_md_cell(fa)} | {_md_cell(fb)} |")
-    lines.append("")
-    for w in c.warnings:
-        lines.append(f"> **Warning:** {w}")
-    if c.warnings:
-        lines.append("")
-    lines += ["### Configuration diff", ""]
-    if c.config_diff:
-        lines += ["| key | A | B |", "|---|---|---|"]
-        lines += [f"| `{d.key}` | {_md_cell(d.a)} | {_md_cell(d.b)} |" for d in c.config_diff]
-    else:
-        lines.append("No configuration difference (run name, db and duration ignored).")
-    lines += [
-        "",
-        "### Metrics",
-        "",
-        "| metric | unit | A | B | change | test | p | beyond noise |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for m in c.metrics:
-        lines.append(
-            f"| {m.name} | {m.unit} | {_md_cell(m.a)} | {_md_cell(m.b)} | "
-            f"{_fmt_pct(m.change_pct)} | {m.test} | {_fmt_p(m.p)} | {_md_cell(m.beyond_noise)} |"
-        )
-    lines += [
-        "",
+    legend = (
         f"Beyond noise: the test rejects no-difference at alpha = {c.alpha:g} and the "
         f"change is at least {c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms (timings), "
-        "or the test alone "
-        "(drop fraction, memory slopes). Higher is worse for every metric.",
+        "or the test alone (drop fraction, memory slopes). Higher is worse for every metric."
+    )
+    return [
+        Table(
+            "Runs",
+            ("", "A", "B"),
+            list(runs_rows),
+            notes=tuple(f"Warning: {w}" for w in c.warnings),
+        ),
+        stage_table(c),
+        Table(
+            "Configuration diff",
+            ("key", "A", "B"),
+            [(f"`{d.key}`", d.a, d.b) for d in c.config_diff],
+            "No configuration difference (run name, db and duration ignored).",
+        ),
+        Table(
+            "Metrics",
+            ("metric", "unit", "A", "B", "change", "test", "p", "beyond noise"),
+            [
+                (
+                    m.name,
+                    m.unit,
+                    m.a,
+                    m.b,
+                    _fmt_pct(m.change_pct),
+                    m.test,
+                    _fmt_p(m.p),
+                    m.beyond_noise,
+                )
+                for m in c.metrics
+            ],
+            notes=(legend,),
+        ),
+        Table(
+            "Criteria",
+            ("criterion", "A", "B", "A value", "B value", "unit", "changed"),
+            [
+                (r.criterion, r.a_status, r.b_status, r.a_value, r.b_value, r.unit, r.changed)
+                for r in c.criteria
+            ],
+            "Neither run has a stored verdict.",
+        ),
     ]
-    lines += ["", "### Criteria", ""]
-    if c.criteria:
-        lines += [
-            "| criterion | A | B | A value | B value | unit | changed |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in c.criteria:
-            lines.append(
-                f"| {r.criterion} | {_md_cell(r.a_status)} | {_md_cell(r.b_status)} | "
-                f"{_md_cell(r.a_value)} | {_md_cell(r.b_value)} | {_md_cell(r.unit)} | "
-                f"{_md_cell(r.changed)} |"
-            )
-    else:
-        lines.append("Neither run has a stored verdict.")
+
+
+def _md_table(t: Table) -> list[str]:
+    if not t.rows:
+        return [t.empty]
+    lines = ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in t.rows]
+    return lines
+
+
+def render_markdown(c: Comparison) -> str:
+    """The comparison as GitHub-flavoured Markdown."""
+    lines = [f"## soakd compare: `{c.run_a.id}` (A) vs `{c.run_b.id}` (B)"]
+    for t in _tables(c):
+        if t.title != "Runs":
+            lines += ["", f"### {t.title}"]
+        warn = [n for n in t.notes if n.startswith("Warning: ")]
+        if warn:
+            lines += [""] + [f"> **Warning:** {n.removeprefix('Warning: ')}" for n in warn]
+        lines += ["", *_md_table(t)]
+        lines += [x for n in t.notes if n not in warn for x in ("", n)]
     return "\n".join(lines) + "\n"
+
+
+_HTML_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}"
+    "h1{font-size:20px}h2{font-size:16px;margin-top:24px}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 6px}"
+    ".warn{color:#b8860b}.note{color:#555;font-size:13px}td.yes{color:#d62728;font-weight:bold}"
+)
+
+
+def _html_table(t: Table) -> str:
+    if not t.rows:
+        return f'<p class="note">{escape(t.empty)}</p>'
+    head = "".join(f"<th>{escape(h)}</th>" for h in t.headers)
+    body = []
+    for row in t.rows:
+        cells = []
+        for v in row:
+            text = _fmt(v).strip("`") if isinstance(v, str) else _fmt(v)
+            cls = ' class="yes"' if v is True else ""
+            cells.append(f"<td{cls}>{escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def render_html(c: Comparison) -> str:
+    """The comparison as one self-contained HTML page (inline CSS, no script)."""
+    title = f"soakd compare: {c.run_a.id} (A) vs {c.run_b.id} (B)"
+    parts = [f"<h1>{escape(title)}</h1>"]
+    for t in _tables(c):
+        parts.append(f'<h2 id="{t.title.split()[0].lower()}">{escape(t.title)}</h2>')
+        warn = [n for n in t.notes if n.startswith("Warning: ")]
+        parts += [f'<p class="warn">{escape(n)}</p>' for n in warn]
+        parts.append(_html_table(t))
+        parts += [f'<p class="note">{escape(n)}</p>' for n in t.notes if n not in warn]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{_HTML_CSS}</style></head><body>"
+        + "".join(parts)
+        + "</body></html>\n"
+    )

@@ -1,0 +1,138 @@
+"""The numbers every report carries: per-stage percentiles over the measured window, the
+first frame apart, frame age, achieved fps, the run's counters, its environment and config.
+
+Pure: a RunData and its Verdict in, a ``RunSummary`` out. The measured window is the
+verdict's (``RunData.measured``: post-warm-up, dispatched; the first frame is a warm-up
+frame), from ``verdict.window["t0"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis.model import RunData, Verdict
+from soakd.records import STAGE_COLUMNS
+
+#: environment keys the reports show, in order, with their labels
+ENV_KEYS: tuple[tuple[str, str], ...] = (
+    ("gpu_name", "GPU"),
+    ("driver", "driver"),
+    ("cuda_driver", "CUDA"),
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("python", "python"),
+    ("cpu", "CPU"),
+    ("host", "host"),
+)
+#: the counters, from ``runs.summary`` (frames_captured, frames_done, drops, stale, errors)
+COUNT_KEYS: tuple[str, ...] = ("captured", "done", "drops", "stale", "errors")
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """Percentiles of one series over the measured frames (None when it has no values)."""
+
+    n: int
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    mean: float | None = None
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Dist:
+        v = np.asarray(values, dtype=np.float64)
+        v = v[np.isfinite(v)]
+        if not v.size:
+            return cls(0)
+        p50, p95, p99 = (float(x) for x in np.percentile(v, [50, 95, 99]))
+        return cls(int(v.size), p50, p95, p99, float(v.max()), float(v.mean()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("n", "p50", "p95", "p99", "max", "mean")}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """``stages``: stage name (grab, pre, ...) -> Dist in ms; ``first_ms``: the first
+    frame's stage times; ``fps``: achieved (measured frames / measured seconds) and
+    target; ``environment``: ``runs.environment`` (host from the run row when absent)."""
+
+    stages: dict[str, Dist]
+    first_ms: dict[str, float | None]
+    frame_age: Dist
+    fps: dict[str, float | None]
+    counts: dict[str, float | None]
+    environment: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON report's ``summary`` object (environment and config stand apart)."""
+        return {
+            "stages": {
+                k: {**d.as_dict(), "first": self.first_ms.get(k)} for k, d in self.stages.items()
+            },
+            "frame_age": self.frame_age.as_dict(),
+            "fps": dict(self.fps),
+            "counts": dict(self.counts),
+        }
+
+    def environment_line(self) -> str:
+        """``GPU NVIDIA H200, driver 550.54, ..., host gpu-07`` (only the known facts)."""
+        parts = [
+            f"{label} {self.environment[k]}" for k, label in ENV_KEYS if self.environment.get(k)
+        ]
+        return ", ".join(parts) or "unknown"
+
+
+def _first_ms(data: RunData) -> dict[str, float | None]:
+    """The first dispatched frame's stage times (it is excluded from the percentiles)."""
+    done = np.flatnonzero(data.frames["skipped"] == 0) if data.n_frames else np.empty(0, int)
+    out: dict[str, float | None] = {}
+    for col in STAGE_COLUMNS:
+        v = float(data.frame(col)[done[0]]) if done.size else float("nan")
+        out[col.removesuffix("_ms")] = v if np.isfinite(v) else None
+    return out
+
+
+def _fps(data: RunData, verdict: Verdict, n: int) -> dict[str, float | None]:
+    t0 = float(verdict.window.get("t0", 0.0))
+    t1 = float(verdict.window.get("t1", t0))
+    span = t1 - t0
+    return {
+        "achieved": n / span if span > 0 else None,
+        "target": data.meta.fps,
+        "measured_s": span,
+    }
+
+
+def _counts(data: RunData, n: int) -> dict[str, float | None]:
+    """The runner's counters (None: unknown for this run) and the measured frames."""
+    m = data.meta
+    keys = {"captured": "frames_captured", "done": "frames_done"}
+    out = {k: m.counter(keys.get(k, k)) for k in COUNT_KEYS}
+    out["measured"] = float(n)
+    if out["errors"] is None:  # an older run: count the rows that raised
+        out["errors"] = float((data.frame("has_error") > 0).sum())
+    return out
+
+
+def summarize(data: RunData, verdict: Verdict) -> RunSummary:
+    """The run's numbers over the verdict's measured window."""
+    measured = data.measured(float(verdict.window.get("t0", data.warmup_end())))
+    stages = {col.removesuffix("_ms"): Dist.of(data.frame(col)[measured]) for col in STAGE_COLUMNS}
+    env = dict(data.meta.environment)
+    env["host"] = env.get("host") or data.meta.host
+    n = int(measured.sum())
+    return RunSummary(
+        stages=stages,
+        first_ms=_first_ms(data),
+        frame_age=Dist.of(data.frame("frame_age_ms")[measured]),
+        fps=_fps(data, verdict, n),
+        counts=_counts(data, n),
+        environment=env,
+        config=dict(data.meta.config),
+    )
