@@ -9,13 +9,15 @@ code 2).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from importlib.metadata import entry_points
@@ -33,6 +35,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import ErrorDetails
+
+from soakd.records import SAMPLE_METRICS, STAGE_COLUMNS
 
 
 @cache
@@ -315,6 +319,140 @@ WorkloadSettings = (
 )
 
 
+# ---------------------------------------------------------------------------------------
+# Thresholds: ``criteria.thresholds``, k6-style ``STAT(COLUMN) OP NUMBER`` (docs/verdict.md)
+
+#: frame columns a threshold may name (RunData's timing columns, milliseconds / frames)
+THRESHOLD_FRAME_COLUMNS: tuple[str, ...] = (
+    *STAGE_COLUMNS,
+    "frame_age_ms",
+    "queue_len",
+    "first_emit_ms",
+    "output_latency_ms",
+)
+#: telemetry sample columns a threshold may name (RunData's samples)
+THRESHOLD_SAMPLE_COLUMNS: tuple[str, ...] = SAMPLE_METRICS
+#: what ``rate(...)`` counts, each as a fraction of the frames captured after the warm-up
+THRESHOLD_RATE_COLUMNS: tuple[str, ...] = ("drops", "stale", "errors")
+THRESHOLD_STATS: tuple[str, ...] = ("avg", "mean", "med", "min", "max", "count", "rate")
+THRESHOLD_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+_THRESHOLD_RE = re.compile(r"^\s*(\w[\w.]*)\s*\(\s*(\w*)\s*\)\s*([<>=!]*)\s*(.*?)\s*$")
+_PERCENTILE_RE = re.compile(r"^p(\d{1,2}(?:\.\d)?)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """One parsed threshold: ``stat(column) op limit``; ``q`` is the percentile of a pNN
+    stat (None otherwise); ``source`` is "frames", "samples" or "rate"."""
+
+    expr: str
+    stat: str
+    column: str
+    op: str
+    limit: float
+    limit_text: str
+    q: float | None
+    source: str
+    abort_on_fail: bool = False
+
+    @property
+    def id(self) -> str:
+        """The criterion id: ``threshold:p95(total_ms)<80``."""
+        return f"threshold:{self.stat}({self.column}){self.op}{self.limit_text}"
+
+    @property
+    def text(self) -> str:
+        return f"{self.stat}({self.column}) {self.op} {self.limit_text}"
+
+    def holds(self, value: float) -> bool:
+        return THRESHOLD_OPS[self.op](value, self.limit)
+
+
+def _threshold_column(stat: str, column: str) -> str:
+    """The source of ``column`` ("frames", "samples", "rate"), or ValueError saying why not."""
+    if column in THRESHOLD_RATE_COLUMNS:
+        if stat != "rate":
+            raise ValueError(f"{column!r} is counted, not measured: use rate({column})")
+        return "rate"
+    if stat == "rate":
+        raise ValueError(f"rate() takes one of {', '.join(THRESHOLD_RATE_COLUMNS)}, got {column!r}")
+    if column in THRESHOLD_FRAME_COLUMNS:
+        return "frames"
+    if column in THRESHOLD_SAMPLE_COLUMNS:
+        return "samples"
+    known = (*THRESHOLD_FRAME_COLUMNS, *THRESHOLD_SAMPLE_COLUMNS, *THRESHOLD_RATE_COLUMNS)
+    close = difflib.get_close_matches(column, known, n=3, cutoff=0.5)
+    hint = f" (did you mean {', '.join(close)}?)" if close else f" (known: {', '.join(known)})"
+    raise ValueError(f"unknown column {column!r}{hint}")
+
+
+def _threshold_stat(stat: str) -> float | None:
+    """The percentile of a pNN / pNN.N stat, None for the others; ValueError if unknown."""
+    m = _PERCENTILE_RE.match(stat)
+    if m and 0 < float(m.group(1)) < 100:
+        return float(m.group(1))
+    if stat not in THRESHOLD_STATS:
+        raise ValueError(
+            f"unknown statistic {stat!r} (use p50..p99.9, {', '.join(THRESHOLD_STATS)})"
+        )
+    return None
+
+
+def parse_threshold(expr: str, abort_on_fail: bool = False) -> Threshold:
+    """``"p95(total_ms) < 80"`` -> Threshold; ValueError naming the expression and why."""
+    try:
+        m = _THRESHOLD_RE.match(expr)
+        if not m:
+            raise ValueError("expected STAT(COLUMN) OP NUMBER, e.g. 'p95(total_ms) < 80'")
+        stat, column, op, number = m.groups()
+        stat = stat.lower()
+        q = _threshold_stat(stat)
+        source = _threshold_column(stat, column)
+        if op not in THRESHOLD_OPS:
+            raise ValueError(f"bad operator {op or '(none)'!r} (use <, <=, > or >=)")
+        try:
+            limit = float(number)
+        except ValueError:
+            raise ValueError(f"expected a number after {op!r}, got {number!r}") from None
+        if not math.isfinite(limit):
+            raise ValueError(f"the limit must be a finite number, got {number!r}")
+    except ValueError as exc:
+        raise ValueError(f"{expr!r}: {exc}") from None
+    return Threshold(expr, stat, column, op, limit, number, q, source, abort_on_fail)
+
+
+def _threshold_item(v: Any) -> Any:
+    if isinstance(v, str):
+        return {"expr": v}
+    if not isinstance(v, Mapping | BaseModel):
+        raise ValueError(
+            f"expected 'STAT(COLUMN) OP NUMBER' or {{expr = ..., abort_on_fail = ...}}, got {v!r}"
+        )
+    return v
+
+
+class ThresholdSettings(_Section):
+    """One ``criteria.thresholds`` item: ``"p95(total_ms) < 80"`` or
+    ``{expr = "...", abort_on_fail = true}``."""
+
+    expr: str
+    abort_on_fail: bool = False  # end the run early once the threshold can no longer pass
+
+    @field_validator("expr")
+    @classmethod
+    def _parses(cls, v: str) -> str:
+        parse_threshold(v)
+        return v
+
+    def parsed(self) -> Threshold:
+        return parse_threshold(self.expr, self.abort_on_fail)
+
+
 class CriteriaSettings(_Section):
     """``[criteria]``: the pass criteria (see docs/verdict.md for each default and why)."""
 
@@ -335,6 +473,8 @@ class CriteriaSettings(_Section):
     jitter_history_min_runs: int = Field(3, ge=1)
     max_errors: int = Field(0, ge=0)
     alpha: float = Field(0.01, gt=0, lt=0.5)  # significance level of the trend tests
+    # k6-style "STAT(COLUMN) OP NUMBER" checks, each its own criterion (docs/verdict.md)
+    thresholds: tuple[Annotated[ThresholdSettings, BeforeValidator(_threshold_item)], ...] = ()
 
     @field_validator("jitter_k")
     @classmethod

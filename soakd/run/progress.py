@@ -1,11 +1,22 @@
-"""The runner's rolling statistics for the once-a-second progress snapshot (bounded)."""
+"""The runner's rolling statistics for the once-a-second progress snapshot (bounded), and a
+cheap "failing so far" reading of the criteria on them (the verdict proper is judged after
+the run, on every stored frame: this is only an early warning, labelled "so far")."""
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from typing import TYPE_CHECKING
 
 from soakd.records import STAGES, FrameRecord
+
+if TYPE_CHECKING:
+    from soakd.config import CriteriaSettings
+
+#: frames after warm-up before a criterion is read "so far" (fewer would be noise)
+MIN_JUDGED = 20
+#: seconds of post-warm-up frame ages before a trend is read
+MIN_TREND_S = 10.0
 
 
 class Rolling:
@@ -14,6 +25,9 @@ class Rolling:
     def __init__(self, n: int = 128) -> None:
         self.vals = {k: deque[float](maxlen=n) for k in (*STAGES, "age", "e2e")}
         self.done_times: deque[float] = deque(maxlen=4096)
+        # post-warm-up only, for "failing so far": infer times and (done s, age ms)
+        self.judged_infer: deque[float] = deque(maxlen=n)
+        self.judged_age: deque[tuple[float, float]] = deque(maxlen=n)
 
     def add(self, r: FrameRecord) -> None:
         if r.skipped:
@@ -27,6 +41,11 @@ class Rolling:
                 self.vals[key].append(value)
         if r.t_done is not None:
             self.done_times.append(r.t_done)
+        if not r.warmup:
+            if r.infer_ms is not None:
+                self.judged_infer.append(r.infer_ms)
+            if r.frame_age_ms is not None and r.t_done is not None:
+                self.judged_age.append((r.t_done, r.frame_age_ms))
 
     def worst_ms(self) -> float | None:
         """The longest recent frame (its stages, or capture to output): what a healthy
@@ -38,6 +57,14 @@ class Rolling:
         d = self.vals[key]
         return statistics.median(d) if d else None
 
+    def p95(self, key: str) -> float | None:
+        d = sorted(self.vals[key])
+        return d[min(len(d) - 1, int(0.95 * len(d)))] if d else None
+
+    def max(self, key: str) -> float | None:
+        d = self.vals[key]
+        return max(d) if d else None
+
     def fps(self, now_s: float, window_s: float = 5.0) -> float:
         times = self.done_times
         if not times:
@@ -46,3 +73,50 @@ class Rolling:
         n = sum(1 for t in reversed(times) if t >= lo)
         span = min(window_s, max(now_s, 1e-9))
         return n / span
+
+    def failing(self, c: CriteriaSettings, *, drops: int, captured: int, errors: int) -> list[str]:
+        """The criteria already failing on the recent frames, one short line each."""
+        out = [
+            msg
+            for msg in (
+                self._jitter(c),
+                self._age_trend(c),
+                _drops(c, drops, captured),
+                f"errors {errors} > {c.max_errors}" if errors > c.max_errors else None,
+            )
+            if msg
+        ]
+        return [f"{m} (so far)" for m in out]
+
+    def _jitter(self, c: CriteriaSettings) -> str | None:
+        vals = self.judged_infer
+        if len(vals) < MIN_JUDGED:
+            return None
+        k = float(c.jitter_k) if c.jitter_k != "history" else 5.0
+        med = statistics.median(vals)
+        over = sum(1 for v in vals if v > k * med)
+        allowed = 0 if c.jitter_rule == "max" else c.jitter_max_exceed
+        if med <= 0 or over <= allowed:
+            return None
+        return f"infer jitter: max {max(vals):.1f} ms > {k:g} x median {med:.1f} ms"
+
+    def _age_trend(self, c: CriteriaSettings) -> str | None:
+        pts = list(self.judged_age)
+        if len(pts) < MIN_JUDGED or pts[-1][0] - pts[0][0] < MIN_TREND_S:
+            return None
+        half = len(pts) // 2
+        a, b = pts[:half], pts[half:]
+        dt_min = (statistics.median(t for t, _ in b) - statistics.median(t for t, _ in a)) / 60
+        slope = (statistics.median(v for _, v in b) - statistics.median(v for _, v in a)) / dt_min
+        if slope > c.max_age_slope_ms_per_min:
+            return f"frame age rising {slope:.0f} ms/min > {c.max_age_slope_ms_per_min:g}"
+        p95 = sorted(v for _, v in pts)[int(0.95 * (len(pts) - 1))]
+        if c.max_age_p95_ms is not None and p95 > c.max_age_p95_ms:
+            return f"frame age p95 {p95:.1f} ms > {c.max_age_p95_ms:g}"
+        return None
+
+
+def _drops(c: CriteriaSettings, drops: int, captured: int) -> str | None:
+    if captured < MIN_JUDGED or drops / captured <= c.max_drop_fraction:
+        return None
+    return f"drops {drops / captured:.1%} > {c.max_drop_fraction:.1%}"

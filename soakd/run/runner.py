@@ -34,6 +34,7 @@ from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, UnpacedGrab
 from soakd.run.progress import Rolling
 from soakd.run.queue import FrameQueue
+from soakd.run.thresholds_watch import watch_thresholds
 from soakd.sources import open_source
 from soakd.sources.audio import AudioSource, make_audio_source
 from soakd.sources.base import Source
@@ -145,7 +146,9 @@ class Run:
         judge: bool = True,
     ) -> None:
         self.settings = settings
-        self.obs = Observers(observers)
+        self.obs = Observers(
+            [*observers, *watch_thresholds(settings, self._event, self.request_stop)]
+        )
         self.mode = mode
         self.max_frames = max_frames
         self.paced = paced
@@ -227,6 +230,7 @@ class Run:
             audio_rate=s.audio.sample_rate if s.audio.kind != "none" else None,
             cache_dir=getattr(s.workload, "cache_dir", None),
             extend_timeout=lambda sec: self.obs.on_loading("loading workload", sec),
+            phase=self.obs.on_phase,
             log=self.log,
         )
         try:
@@ -253,10 +257,12 @@ class Run:
     def execute(self) -> RunResult:
         with contextlib.ExitStack() as stack:
             stack.callback(self.obs.close)
+            self.obs.on_phase("opening the store and source")
             conn = self._open_store()
             stack.callback(conn.close)
             source, audio = self._open_inputs(stack)
             t_load = time.perf_counter()
+            self.obs.on_phase("loading workload")
             workload = self._build_workload()
             load_s = time.perf_counter() - t_load
             stack.callback(self._close_workload, workload)
@@ -279,6 +285,7 @@ class Run:
         self._writer_started = True
         built = self._build_stack(source, audio, workload)
         self._announce(env)
+        self.obs.on_phase("warm-up" if self.settings.run.warmup_s > 0 else "first frame")
         self._run_stack(built)
         t_end_ns = self.clock.now_ns()
         # release the model before judging: judging needs memory a leak may have taken
@@ -542,6 +549,14 @@ class Run:
             errors=c.errors,
             age_p50_ms=r.median("age"),
             stage_p50_ms={k: r.median(k) for k in STAGES},
+            stage_p95_ms={k: r.p95(k) for k in STAGES},
+            stage_max_ms={k: r.max(k) for k in STAGES},
+            failing=r.failing(
+                self.settings.criteria,
+                drops=built.ctx.drops,
+                captured=built.pacer.captured if built.pacer is not None else c.done,
+                errors=c.errors,
+            ),
             rss_bytes=vals.get("rss_bytes"),  # type: ignore[arg-type]
             gpu_mem_bytes=gpu,  # type: ignore[arg-type]
             warmup=now < built.ctx.warmup_end_ns,
