@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
+import typer.main
 
+from soakd.cli import app
 from soakd.cli.output import write_output
+from soakd.studies.profiling import held_fixed
 
-from .conftest import run_cli, soakd_cmd
+from .conftest import SYNTH_CLI, run_cli, soakd_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -70,18 +75,18 @@ def test_frame_log_lines_carry_the_seed_fields_at_the_cadence(
 def test_runs_lists_the_run_and_show_summarises_it(
     run_db: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
-    """`soakd runs --json` lists the run with its verdict; `soakd show --latest --json` has
+    """`soakd runs -f json` lists the run with its verdict; `soakd show RUN -f json` has
     the stage statistics and the run's summary."""
     db, _ = run_db
     p = subprocess.run(
-        soakd_cmd("runs", "--db", str(db), "--json"), capture_output=True, text=True, timeout=60
+        soakd_cmd("runs", "--db", str(db), "-f", "json"), capture_output=True, text=True, timeout=60
     )
     assert p.returncode == 0, p.stderr
     rows = [json.loads(ln) for ln in p.stdout.splitlines()]
     assert len(rows) == 1 and rows[0]["status"] == "completed" and rows[0]["verdict"] == "PASS"
     run_id = rows[0]["run_id"]
     p = subprocess.run(
-        soakd_cmd("show", run_id[:12], "--db", str(db), "--json"),
+        soakd_cmd("show", run_id[:12], "--db", str(db), "-f", "json"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -209,3 +214,200 @@ def test_sweep_output_into_a_missing_folder_exits_2(tmp_path: Path) -> None:
     assert p.stderr.strip().splitlines() == [
         f"soakd: error: {target}: cannot write: folder {target.parent} does not exist"
     ]
+
+
+# --- one CLI: the same option means the same thing everywhere
+
+#: commands that write a report (or a listing) and so take -f/--format and -o/--output
+REPORTING = ("report", "sweep", "compare", "profile", "show", "runs", "export")
+#: commands that take a run and so take --latest, --mode and --db
+TAKING_A_RUN = ("show", "report", "gate", "compare", "baseline set", "export")
+
+
+def _commands() -> dict[str, Any]:
+    """Every leaf command by its path after `soakd` (e.g. "baseline set")."""
+    out: dict[str, Any] = {}
+
+    def walk(cmd: Any, path: str) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs is None:
+            out[path] = cmd
+            return
+        for name, sub in subs.items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(typer.main.get_command(app), "")
+    return out
+
+
+def _options(cmd: Any) -> dict[str, Any]:
+    """Each visible option of a command by every one of its names."""
+    return {
+        name: p
+        for p in cmd.params
+        if not p.hidden and hasattr(p, "opts")
+        for name in (*p.opts, *p.secondary_opts)
+        if name.startswith("-")
+    }
+
+
+def test_every_command_uses_the_same_option_names_for_the_same_ideas() -> None:
+    """Every reporting command has -f/--format and -o/--output; every command taking a run
+    has --latest, --mode and --db; --set always reads KEY=VALUE; no visible --json is left."""
+    cmds = _commands()
+    assert set(REPORTING) | set(TAKING_A_RUN) <= set(cmds)
+    for path, cmd in cmds.items():
+        opts = _options(cmd)
+        want = {"--db"} if path in TAKING_A_RUN or path in ("runs", "baseline list") else set()
+        want |= {"-f", "--format", "-o", "--output"} if path in REPORTING else set()
+        want |= {"--latest", "--mode"} if path in TAKING_A_RUN else set()
+        assert want <= set(opts), (path, sorted(want - set(opts)))
+        assert "--json" not in opts, path
+        if "--set" in opts:
+            assert opts["--set"].metavar == "KEY=VALUE", path
+        if "-f" in opts:
+            assert opts["-f"] is opts["--format"], path
+
+
+def test_help_of_every_command_shows_its_shared_options() -> None:
+    """`soakd CMD --help` (a real subprocess) lists -f/--format, -o/--output and --latest
+    where the command has them, with the fixed values of -f spelled out."""
+    for path in ("report", "export", "compare", "baseline set"):
+        p = run_cli(*path.split(), "--help")
+        assert p.returncode == 0, p.stderr
+        if path in REPORTING:
+            assert "-f, --format" in p.stdout and "-o, --output" in p.stdout, path
+        assert "--latest" in p.stdout, path
+    assert "md|json|junit|html" in run_cli("report", "--help").stdout
+
+
+def test_version_prints_the_package_version() -> None:
+    """`soakd --version` prints `soakd X.Y.Z` and exits 0."""
+    from soakd import __version__
+
+    p = run_cli("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"soakd {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["runs", "--mode", "bogus"], "'bogus' is not one of soak, profile"),
+        (["show", "--latest", "-f", "yaml"], "'yaml' is not one of text, json"),
+        (["report", "--latest", "--mode", "x"], "'x' is not one of soak, profile, any"),
+        (["runs", "--no-such-option"], "No such option: --no-such-option"),
+        (["runs", "--limit", "0"], "--limit"),
+    ],
+)
+def test_bad_values_are_one_line_usage_errors(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """A value outside an option's fixed set, an unknown option, a bad number: exit 2 and
+    one line on stderr naming it, no traceback."""
+    p = run_cli(*args, "--db", str(tmp_path / "soakd.db"))
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith("soakd: error: ") and message in line
+
+
+def test_the_old_json_flag_still_works_hidden(
+    run_db: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """`--json` (deprecated, hidden) prints what `-f json` prints."""
+    db, _ = run_db
+    new = run_cli("runs", "--db", str(db), "-f", "json")
+    old = run_cli("runs", "--db", str(db), "--json")
+    assert old.returncode == 0 and old.stdout == new.stdout and old.stdout.startswith("{")
+    assert "--json" not in run_cli("runs", "--help").stdout
+
+
+def test_show_and_runs_write_to_output_files(
+    run_db: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    """`-o PATH` writes show's JSON and runs' table to the file, nothing to stdout."""
+    db, _ = run_db
+    p = run_cli("show", "--latest", "--db", str(db), "-f", "json", "-o", str(tmp_path / "s.json"))
+    assert p.returncode == 0 and p.stdout == "", p.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["run"]["status"] == "completed"
+    p = run_cli("runs", "--db", str(db), "-o", str(tmp_path / "runs.txt"))
+    assert p.returncode == 0 and p.stdout == ""
+    assert "completed" in (tmp_path / "runs.txt").read_text()
+
+
+def test_baseline_set_takes_latest_as_an_option(
+    run_db: tuple[Path, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    """`baseline set --latest --name N` marks the newest soak run; `compare N --latest -f
+    json` then compares it with itself; a RUN_ID and --latest together is a usage error."""
+    db = tmp_path / "copy.db"
+    db.write_bytes(run_db[0].read_bytes())
+    p = run_cli("baseline", "set", "--latest", "--name", "ref", "--db", str(db))
+    assert p.returncode == 0, p.stderr
+    (rid,) = [
+        json.loads(ln)["run_id"]
+        for ln in run_cli("runs", "--db", str(db), "-f", "json").stdout.splitlines()
+    ]
+    assert p.stdout.strip() == f"baseline ref = {rid}"
+    p = run_cli("compare", "ref", "--latest", "-f", "json", "--db", str(db))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["run_a"]["id"] == doc["run_b"]["id"] == rid
+    p = run_cli("baseline", "set", rid, "--latest", "--db", str(db))
+    assert p.returncode == 2 and "not both" in p.stderr
+
+
+def _on_a_terminal(*args: str) -> str:
+    """Run `soakd ARGS` with stdout on a pseudo-terminal; what it printed there."""
+    leader, follower = pty.openpty()
+    try:
+        p = subprocess.run(
+            soakd_cmd(*args),
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "160"},
+        )
+        os.close(follower)
+        follower = -1
+        chunks = []
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_profile_on_a_terminal_is_a_rich_table_and_markdown_when_piped(tmp_path: Path) -> None:
+    """On a terminal `profile` draws a table (box characters, no Markdown pipes); piped it
+    prints Markdown; `-f md` forces Markdown."""
+    args = ("profile", "--frames", "3", "--db", str(tmp_path / "p.db"), *SYNTH_CLI)
+    tty = _on_a_terminal(*args)
+    assert "stage" in tty and "━" in tty and "|---|" not in tty
+    piped = run_cli(*args)
+    assert piped.returncode == 0 and "| stage | first frame (ms)" in piped.stdout
+    assert "━" not in piped.stdout
+    assert "|---|" in _on_a_terminal(*args, "-f", "md")
+
+
+def test_sweep_on_a_terminal_is_a_rich_table(tmp_path: Path) -> None:
+    """On a terminal `sweep` draws one table row per value and prints its summary line."""
+    vary = ("--vary", "workload.infer_ms=1,2", "--frames", "3")
+    tty = _on_a_terminal("sweep", *vary, "--db", str(tmp_path / "s.db"), *SYNTH_CLI)
+    assert "━" in tty and "total p50" in tty and "|---|" not in tty
+    assert "no knee found" in tty or "knee at" in tty
+
+
+def test_profile_shows_the_effective_min_new_tokens() -> None:
+    """min_new_tokens unset means max_new_tokens, and that is what the profile shows."""
+    wl = {"max_new_tokens": 8, "min_new_tokens": None, "prompt": "p"}
+    assert held_fixed({"workload": wl})["min_new_tokens"] == 8
+    assert held_fixed({"workload": {**wl, "min_new_tokens": 3}})["min_new_tokens"] == 3

@@ -8,9 +8,12 @@ import importlib
 import logging
 import os
 import sys
+from typing import Annotated, Any
 
 import typer
+from typer.exceptions import TyperException
 
+from soakd import __version__
 from soakd.sources import native
 
 app = typer.Typer(
@@ -28,7 +31,27 @@ _COMMAND_MODULES = (
     "soakd.cli.runs",
     "soakd.cli.report",
     "soakd.cli.profile",
+    "soakd.cli.export",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"soakd {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Soak-test and telemetry daemon for real-time video and multimodal model inference."""
+
 
 for _name in _COMMAND_MODULES:
     importlib.import_module(_name).register(app)
@@ -56,9 +79,37 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _cli_errors() -> tuple[type[Exception], ...]:
+    """Typer's usage errors: its own (it vendors click since 0.2x) and click's (earlier)."""
+    try:
+        import click
+    except ImportError:
+        return (TyperException,)
+    return (TyperException, click.ClickException)
+
+
+def _usage_error(exc: Any) -> int:
+    """A bad option or value: one line naming it and where help is, exit 2 (a bare
+    ``soakd`` or group prints its help)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        print(exc.format_message(), file=sys.stderr)
+        return int(exc.exit_code)
+    ctx = getattr(exc, "ctx", None)
+    message = " ".join(exc.format_message().split())
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    print(f"soakd: error: {message}{where}", file=sys.stderr)
+    return int(getattr(exc, "exit_code", 2))
+
+
 def _main(argv: list[str] | None) -> int:
     try:
-        app(args=argv, prog_name="soakd")
+        code = typer.main.get_command(app).main(args=argv, prog_name="soakd", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except _cli_errors() as exc:
+        return _usage_error(exc)
+    except typer.Abort:
+        print("soakd: aborted", file=sys.stderr)
+        return 130
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -73,4 +124,3 @@ def _main(argv: list[str] | None) -> int:
         traceback.print_exc()
         print(f"soakd: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 4
-    return 0

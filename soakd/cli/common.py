@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +21,63 @@ DB_HELP = "Run database (default: $STATE_DIRECTORY/soakd.db under systemd, else 
 RUN_REF_HELP = "Run id, unique id prefix, baseline:NAME or a baseline name."
 LATEST_MODE_HELP = "--latest picks the newest run of this mode: soak (default), profile or any."
 RUN_MODES = ("soak", "profile")
+LATEST_MODES = (*RUN_MODES, "any")
+LATEST_HELP = "The newest run (of --mode, soak by default) instead of a RUN_ID."
+OUTPUT_HELP = "Write here instead of stdout."
+SET_METAVAR = "KEY=VALUE"
+SET_HELP = "Override a config key: section.key=value (repeatable)."
+JSON_ALIAS_HELP = "Deprecated: same as -f json."
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    """The parser of an option with a fixed set of values: anything else is a usage error
+    (exit 2) that lists them."""
+
+    def parse(value: str) -> str:
+        if value not in values:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
+        return value
+
+    return parse
+
+
+def choice_option(*decls: str, values: tuple[str, ...], help: str) -> Any:
+    """An option taking one of ``values`` (shown as its metavar, e.g. ``md|json``)."""
+    return typer.Option(*decls, parser=choice(*values), metavar="|".join(values), help=help)
+
+
+def format_option(help: str, *values: str) -> Any:
+    """``-f/--format`` with its fixed set of values: the same option on every command that
+    writes a report."""
+    return choice_option("--format", "-f", values=values, help=help)
+
+
+def output_option() -> Any:
+    """``-o/--output``: the same option on every command that writes a report."""
+    return typer.Option("--output", "-o", help=OUTPUT_HELP)
+
+
+def json_alias_option() -> Any:
+    """The old ``--json`` flag, hidden: kept so scripts written against it still work."""
+    return typer.Option("--json", hidden=True, help=JSON_ALIAS_HELP)
+
+
+def latest_option() -> Any:
+    return typer.Option("--latest", help=LATEST_HELP)
+
+
+def mode_option() -> Any:
+    return choice_option("--mode", values=LATEST_MODES, help=LATEST_MODE_HELP)
+
+
+def run_ref(run_id: str | None, latest: bool) -> str | None:
+    """The run reference a command was given; neither a RUN_ID nor --latest (or both) is a
+    usage error."""
+    if run_id is None and not latest:
+        raise error("give a RUN_ID or --latest")
+    if run_id is not None and latest:
+        raise error(f"give a RUN_ID or --latest, not both (got {run_id!r} and --latest)")
+    return run_id
 
 
 def latest_mode(mode: str) -> str | None:
@@ -58,7 +116,7 @@ def open_db(db: Path | None, *, write: bool = False) -> sqlite3.Connection:
     database, a lock held past the busy timeout) opens it read-only instead: nothing is
     then written (``store.is_readonly``), orphaned runs are only reported."""
     path = default_db_path(db)
-    if not path.exists():
+    if not _exists(path):
         raise error(f"{path}: no run database here (run `soakd run` first or pass --db)")
     try:
         if write or _writable(path):
@@ -74,6 +132,28 @@ def open_db(db: Path | None, *, write: bool = False) -> sqlite3.Connection:
         raise error(str(exc)) from None
     _note_orphans(conn, path)
     return conn
+
+
+def _exists(path: Path) -> bool:
+    """Whether the database file is there; a folder this user may not enter (the unit's
+    0750 /var/lib/soakd for someone outside group soakd) is a one-line usage error."""
+    try:
+        present = path.exists()
+    except PermissionError:
+        present, readable = True, False
+    else:
+        readable = not present or os.access(path, os.R_OK)
+    if not readable:
+        raise _unreadable(path)
+    return present
+
+
+def _unreadable(path: Path) -> typer.Exit:
+    return error(
+        f"{path}: permission denied: this user may not read the run database or its folder"
+        " (for the systemd unit: `sudo usermod -aG soakd $USER`, then log in again;"
+        " see docs/service.md)"
+    )
 
 
 def _readonly_would_do(message: str) -> bool:
@@ -113,7 +193,10 @@ def _db_message(path: Path, exc: sqlite3.DatabaseError) -> str:
     return f"{path}: {exc}"
 
 
-def console() -> Console:
-    """stdout console: the terminal's width on a terminal; 160 columns in logs and CI, where
-    rich's 80-column default would wrap every table row into many lines."""
+def console(file: IO[str] | None = None) -> Console:
+    """stdout console (or one writing to ``file``): the terminal's width on a terminal; 160
+    columns in logs, files and CI, where rich's 80-column default would wrap every table
+    row into many lines."""
+    if file is not None:
+        return Console(file=file, width=160, color_system=None)
     return Console() if sys.stdout.isatty() else Console(width=160)

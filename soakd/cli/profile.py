@@ -18,18 +18,45 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from soakd.cli.common import DB_HELP, console, error, reading
-from soakd.cli.output import write_output
+from soakd.cli.common import (
+    DB_HELP,
+    SET_HELP,
+    SET_METAVAR,
+    console,
+    error,
+    format_option,
+    json_alias_option,
+    latest_mode,
+    latest_option,
+    mode_option,
+    output_option,
+    reading,
+    run_ref,
+)
+from soakd.cli.output import print_rich, write_output
+from soakd.cli.tables import profile_tables, sweep_tables
 from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
 from soakd.observers.logs import configure_logging
 from soakd.store import runs
-from soakd.studies.compare import compare
+from soakd.studies.compare import Comparison, Regression, compare
 from soakd.studies.profiling import profile
 from soakd.studies.sweep import parse_vary, sweep
 
 CONFIG_ARG = typer.Argument(help="TOML config (default: embedded).")
-SET_HELP = "Override a key: section.key=value (repeatable)."
+SET_OPTION = typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP)
+STUDY_FORMAT_HELP = "md or json (default: a table on a terminal, else md)."
+COMPARE_FORMAT_HELP = "md, json or html (one offline file)."
+
+
+def _study_format(fmt: str | None, as_json: bool, output: Path | None) -> str:
+    """The format a profile or sweep is written in: -f, else a rich table on a terminal,
+    else Markdown (piped, or -o)."""
+    if as_json:
+        return "json"
+    if fmt is not None:
+        return fmt
+    return "table" if output is None and sys.stdout.isatty() else "md"
 
 
 def _settings(config: Path | None, overrides: list[str] | None, db: Path | None) -> Settings:
@@ -44,20 +71,27 @@ def _settings(config: Path | None, overrides: list[str] | None, db: Path | None)
 def profile_cmd(
     config: Annotated[Path | None, CONFIG_ARG] = None,
     frames: Annotated[int, typer.Option(min=2, help="Frames to run back to back.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of Markdown.")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+    fmt: Annotated[str | None, format_option(STUDY_FORMAT_HELP, "md", "json")] = None,
+    output: Annotated[Path | None, output_option()] = None,
+    set_: Annotated[list[str] | None, SET_OPTION] = None,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Run N frames back to back and print the stage table, the first frame apart, peak
     memory, the theoretical rate (1000 / median total) and a recommended --fps. Exit code:
     0 measured, 2 usage/config error, 3 no frame finished after the first."""
+    how = _study_format(fmt, as_json, output)
+    _check_folder(output)
     settings = _settings(config, set_, db)
     configure_logging(level="warning")
     try:
         result = profile(settings, frames=frames)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    write_output(result.to_json() if as_json else result.to_markdown(), None)
+    if how == "table":
+        print_rich(profile_tables(result), None)
+    else:
+        write_output(result.to_json() if how == "json" else result.to_markdown(), output)
     raise typer.Exit(int(ExitCode.PASS if result.theoretical_fps else ExitCode.INVALID))
 
 
@@ -84,22 +118,32 @@ def _progress_bar(enabled: bool, total: int) -> Iterator[Any]:
         yield update
 
 
+def _check_folder(output: Path | None) -> None:
+    """-o into a folder that does not exist fails before any frame is run."""
+    if output is not None and not output.parent.exists():
+        raise error(f"{output}: cannot write: folder {output.parent} does not exist")
+
+
 def sweep_cmd(
-    vary: Annotated[str, typer.Option(help="KEY=V1,V2,... : the one variable to sweep.")],
+    vary: Annotated[
+        str,
+        typer.Option(metavar="KEY=V1,V2,...", help="The one variable to sweep and its values."),
+    ],
     config: Annotated[Path | None, CONFIG_ARG] = None,
     frames: Annotated[int, typer.Option(min=2, help="Frames per point.")] = 20,
-    fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
-    out: Annotated[Path | None, typer.Option("-o", "--output", help="Write here.")] = None,
+    fmt: Annotated[str | None, format_option(STUDY_FORMAT_HELP, "md", "json")] = None,
+    out: Annotated[Path | None, output_option()] = None,
     plot: Annotated[
         Path | None, typer.Option(help="Write an SVG plot of stage times vs the value.")
     ] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+    set_: Annotated[list[str] | None, SET_OPTION] = None,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Profile once per value of one variable, everything else held fixed; mark the knee and
     where the usable range ends. Exit code: 0, 2 usage/config error, 3 every value rejected."""
-    if fmt not in ("md", "json"):
-        raise error(f"--format {fmt}: expected md or json")
+    how = _study_format(fmt, False, out)
+    _check_folder(out)
+    _check_folder(plot)
     settings = _settings(config, set_, db)
     try:
         key, values = parse_vary(vary)
@@ -113,7 +157,10 @@ def sweep_cmd(
         raise error(str(exc)) from None
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    write_output(result.to_json() if fmt == "json" else result.to_markdown(), out)
+    if how == "table":
+        print_rich(sweep_tables(result), None)
+    else:
+        write_output(result.to_json() if how == "json" else result.to_markdown(), out)
     if plot is not None:
         write_output(result.to_svg(), plot)
     ok = any(p.status == "ok" for p in result.points)
@@ -122,8 +169,13 @@ def sweep_cmd(
 
 def compare_cmd(
     run_a: Annotated[str, typer.Argument(help="Run id, unique prefix, or baseline name.")],
-    run_b: Annotated[str, typer.Argument(help="Run id, unique prefix, or baseline:NAME.")],
-    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of Markdown.")] = False,
+    run_b: Annotated[
+        str | None, typer.Argument(help="Run id, unique prefix, or baseline:NAME.")
+    ] = None,
+    latest: Annotated[bool, latest_option()] = False,
+    mode: Annotated[str, mode_option()] = "soak",
+    fmt: Annotated[str, format_option(COMPARE_FORMAT_HELP, "md", "json", "html")] = "md",
+    output: Annotated[Path | None, output_option()] = None,
     fail_on_regression: Annotated[
         float | None,
         typer.Option(help="Exit 1 when --metric is worse in RUN_B by more than PCT percent."),
@@ -133,20 +185,32 @@ def compare_cmd(
     ),
     alpha: Annotated[float, typer.Option(help="Significance level of the tests.")] = 0.01,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
-    """Compare two runs (or a run and a baseline): config diff, stage and frame-age
-    statistics, drops, memory floor slopes and criteria, each with its change and whether it
-    is beyond noise. Exit code: 0, 1 regression (with --fail-on-regression), 2 usage error."""
+    """Compare two runs (or a run and a baseline; --latest: RUN_B is the newest run): config
+    diff, stage and frame-age statistics, drops, memory floor slopes and criteria, each with
+    its change and whether it is beyond noise. Exit code: 0, 1 regression (with
+    --fail-on-regression), 2 usage error."""
     if not 0 < alpha < 0.5:
         raise error(f"--alpha: must be between 0 and 0.5, got {alpha}")
+    ref_b = run_ref(run_b, latest)
     try:
         with reading(db) as conn:
-            a, b = runs.resolve(conn, run_a), runs.resolve(conn, run_b)
+            a = runs.resolve(conn, run_a)
+            b = runs.resolve(conn, ref_b, latest=latest, mode=latest_mode(mode))
             comp = compare(conn, a, b, alpha=alpha)
         reg = None if fail_on_regression is None else comp.regression(metric, fail_on_regression)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    if as_json:
+    write_output(_comparison_text(comp, reg, "json" if as_json else fmt), output)
+    if reg is not None and reg.failed:
+        print(f"soakd: {reg.message}", file=sys.stderr)
+        raise typer.Exit(int(ExitCode.FAIL))
+
+
+def _comparison_text(comp: Comparison, reg: Regression | None, fmt: str) -> str:
+    """The comparison in ``fmt`` (md, json, html), the regression gate's outcome included."""
+    if fmt == "json":
         d = comp.to_dict()
         if reg is not None:
             d["regression"] = {
@@ -155,15 +219,14 @@ def compare_cmd(
                 "failed": reg.failed,
                 "message": reg.message,
             }
-        write_output(json.dumps(d, indent=2, default=str), None)
-    else:
-        text = comp.to_markdown()
-        if reg is not None:
-            text += f"\n**{reg.message}**\n"
-        write_output(text, None)
-    if reg is not None and reg.failed:
-        print(f"soakd: {reg.message}", file=sys.stderr)
-        raise typer.Exit(int(ExitCode.FAIL))
+        return json.dumps(d, indent=2, default=str)
+    if fmt == "html":
+        to_html = getattr(comp, "to_html", None)
+        if to_html is None:
+            raise error("-f html: this soakd cannot render a comparison as HTML yet; use md")
+        return str(to_html())
+    text = comp.to_markdown()
+    return text if reg is None else text + f"\n**{reg.message}**\n"
 
 
 baseline_app = typer.Typer(
@@ -173,16 +236,20 @@ baseline_app = typer.Typer(
 
 @baseline_app.command("set")
 def baseline_set_cmd(
-    run_id: Annotated[str, typer.Argument(help="Run id, unique prefix, or latest (soak).")],
+    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    latest: Annotated[bool, latest_option()] = False,
+    mode: Annotated[str, mode_option()] = "soak",
     name: Annotated[str, typer.Option(help="Baseline name.")] = "default",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
-    """Mark RUN_ID as the baseline NAME (replacing an earlier one of that name)."""
+    """Mark RUN_ID (or --latest) as the baseline NAME (replacing an earlier one of that
+    name)."""
     if not name or name.startswith("baseline:") or any(c.isspace() for c in name):
         raise error(f"--name {name!r}: a baseline name is one word without 'baseline:'")
+    ref = run_ref(run_id, latest)
     try:
         with reading(db, write=True) as conn:
-            rid = runs.resolve(conn, run_id)
+            rid = runs.resolve(conn, ref, latest=latest, mode=latest_mode(mode))
             runs.set_baseline(conn, name, rid)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
@@ -191,15 +258,17 @@ def baseline_set_cmd(
 
 @baseline_app.command("list")
 def baseline_list_cmd(
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    fmt: Annotated[
+        str, format_option("table or json (one JSON object a line).", "table", "json")
+    ] = "table",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """List the baselines: name, run, when it was marked, the run's verdict."""
     with reading(db) as conn:
         rows = runs.list_baselines(conn)
-    if as_json:
-        for r in rows:
-            print(json.dumps(r))
+    if as_json or fmt == "json":
+        write_output("".join(json.dumps(r) + "\n" for r in rows), None)
         return
     t = Table()
     for c in ("name", "run_id", "marked", "mode", "verdict", "workload", "started"):

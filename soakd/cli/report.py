@@ -17,12 +17,16 @@ import typer
 from soakd.analysis import RunData, Verdict, evaluate, store
 from soakd.cli.common import (
     DB_HELP,
-    LATEST_MODE_HELP,
     RUN_REF_HELP,
     console,
     error,
+    format_option,
     latest_mode,
+    latest_option,
+    mode_option,
+    output_option,
     reading,
+    run_ref,
 )
 from soakd.cli.output import write_output
 from soakd.errors import SoakdError
@@ -31,14 +35,13 @@ from soakd.report.console import format_verdict_table
 from soakd.store import db as store_db
 from soakd.store import runs
 
-FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/1), junit (CI), html (offline)."
+FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/2), junit (CI), html (offline)."
 
 
 def _evaluate(
     conn: sqlite3.Connection, run_id: str | None, latest: bool, mode: str = "soak"
 ) -> tuple[RunData, Verdict]:
-    if run_id is None and not latest:
-        raise error("give a RUN_ID or --latest")
+    run_id = run_ref(run_id, latest)
     try:
         rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
     except SoakdError as exc:
@@ -58,20 +61,16 @@ def _evaluate(
 
 def report_cmd(
     run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
-    mode: Annotated[str, typer.Option(help=LATEST_MODE_HELP)] = "soak",
-    fmt: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "md",
-    output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
-    ] = None,
+    latest: Annotated[bool, latest_option()] = False,
+    mode: Annotated[str, mode_option()] = "soak",
+    fmt: Annotated[str, format_option(FORMAT_HELP, *FORMATS)] = "md",
+    output: Annotated[Path | None, output_option()] = None,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Render a run's verdict as Markdown, JSON, JUnit XML or one offline HTML file.
 
     Exit code 0 when the report was written (whatever the verdict; use `soakd gate` to exit
     with the verdict), 2 for a usage error such as an unknown run."""
-    if fmt not in FORMATS:
-        raise error(f"--format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if output is not None and not output.parent.exists():
         raise error(f"{output}: folder {output.parent} does not exist")
     with reading(db) as conn:
@@ -82,8 +81,8 @@ def report_cmd(
 
 def gate_cmd(
     run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
-    mode: Annotated[str, typer.Option(help=LATEST_MODE_HELP)] = "soak",
+    latest: Annotated[bool, latest_option()] = False,
+    mode: Annotated[str, mode_option()] = "soak",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID

@@ -9,11 +9,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from soakd.cli.common import DB_HELP, console, error
+from soakd.cli.common import DB_HELP, SET_HELP, SET_METAVAR, console, error
 from soakd.config import ConfigError, Settings, load_settings, parse_duration
 from soakd.errors import ExitCode, SoakdError
 from soakd.observers.base import Observer, RunResult
 from soakd.observers.display import LiveDisplay, summary_table
+from soakd.observers.journal import journal_stream
 from soakd.observers.logs import FrameLogObserver, configure_logging
 from soakd.report.console import format_verdict_table
 from soakd.service.serve import serve
@@ -48,8 +49,7 @@ def run_cmd(
     fps: Annotated[float | None, typer.Option(help="Target frame rate.")] = None,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
     set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a key: section.key=value (repeatable)."),
+        list[str] | None, typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP)
     ] = None,
     metrics_addr: Annotated[
         str | None,
@@ -105,10 +105,13 @@ def execute_run(settings: Settings, *, live: bool) -> int:
 
 
 def _print_end(con: Console, settings: Settings, result: RunResult) -> None:
+    """The stage table, the counts and the verdict; in the journal (stdout is the stream
+    systemd connected) as aligned columns without box-drawing characters."""
+    boxed = not journal_stream(sys.stdout)
     conn = store.connect(settings.resolved_db())
     try:
         run = runs.get_run(conn, result.run_id).as_dict()
-        con.print(summary_table(run, queries.stage_stats(conn, result.run_id)))
+        con.print(summary_table(run, queries.stage_stats(conn, result.run_id), boxed=boxed))
         s = result.summary
         con.print(
             f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
@@ -119,7 +122,7 @@ def _print_end(con: Console, settings: Settings, result: RunResult) -> None:
     finally:
         conn.close()
     if result.verdict is not None:
-        con.print(format_verdict_table(result.verdict))
+        con.print(format_verdict_table(result.verdict, boxed=boxed))
 
 
 def register(app: typer.Typer) -> None:

@@ -4,40 +4,56 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from soakd.cli.common import (
     DB_HELP,
-    LATEST_MODE_HELP,
+    RUN_MODES,
     RUN_REF_HELP,
-    console,
+    choice_option,
     error,
+    format_option,
+    json_alias_option,
     latest_mode,
+    latest_option,
+    mode_option,
+    output_option,
     reading,
+    run_ref,
 )
+from soakd.cli.output import print_rich, write_output
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
 from soakd.store import queries, runs
 
+RUNS_FORMAT_HELP = "table (people) or json (one JSON object a line)."
+SHOW_FORMAT_HELP = "text (tables) or json (one object: run, stages, events)."
+
 
 def runs_cmd(
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    limit: Annotated[int, typer.Option(help="How many runs, newest first.")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="How many runs, newest first.")] = 20,
     mode: Annotated[
-        str | None, typer.Option(help="Only runs of this mode (soak, profile).")
+        str | None,
+        choice_option("--mode", values=RUN_MODES, help="Only runs of this mode."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    fmt: Annotated[str, format_option(RUNS_FORMAT_HELP, "table", "json")] = "table",
+    output: Annotated[Path | None, output_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """List runs in the database, newest first."""
     with reading(db) as conn:
         rows = runs.list_runs(conn, limit=limit, mode=mode)
-    if as_json:
-        for r in rows:
-            print(json.dumps(r))
+    if as_json or fmt == "json":
+        write_output("".join(json.dumps(r) + "\n" for r in rows), output)
         return
+    print_rich([_runs_table(rows)], output)
+
+
+def _runs_table(rows: list[dict[str, Any]]) -> Table:
     t = Table()
     for c in (
         "run_id",
@@ -67,7 +83,7 @@ def runs_cmd(
             str(r["drops"] or 0),
             str(r["errors"]),
         )
-    console().print(t)
+    return t
 
 
 SHOW_EVENTS = (
@@ -85,14 +101,15 @@ SHOW_EVENTS = (
 
 def show_cmd(
     run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="The newest soak run.")] = False,
-    mode: Annotated[str, typer.Option(help=LATEST_MODE_HELP)] = "soak",
+    latest: Annotated[bool, latest_option()] = False,
+    mode: Annotated[str, mode_option()] = "soak",
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of tables.")] = False,
+    fmt: Annotated[str, format_option(SHOW_FORMAT_HELP, "text", "json")] = "text",
+    output: Annotated[Path | None, output_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Summarise one run: status, stage statistics, counters, events, verdict."""
-    if run_id is None and not latest:
-        raise error("give a RUN_ID or --latest")
+    run_id = run_ref(run_id, latest)
     with reading(db) as conn:
         try:
             rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
@@ -102,25 +119,32 @@ def show_cmd(
             peak_rss = queries.peak(conn, rid, "rss_bytes")
         except SoakdError as exc:
             raise error(str(exc), exc.exit_code) from None
-    if as_json:
-        print(json.dumps({"run": run, "stages": stages, "events": evs[:50]}, default=str, indent=2))
+    if as_json or fmt == "json":
+        doc = {"run": run, "stages": stages, "events": evs[:50]}
+        write_output(json.dumps(doc, default=str, indent=2), output)
         return
-    con = console()
-    con.print(summary_table(run, stages))
+    print_rich(_show_text(run, stages, evs, peak_rss), output)
+
+
+def _show_text(
+    run: dict[str, Any], stages: Any, evs: list[dict[str, Any]], peak_rss: float | None
+) -> list[Any]:
+    """What ``show`` prints for people: the stage table, then plain lines."""
+    out: list[Any] = [summary_table(run, stages)]
     s = run.get("summary") or {}
-    con.print(
+    out.append(
         f"workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
         f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
         + (f", reason: {run['reason']}" if run.get("reason") else "")
     )
     if s:
-        con.print(
+        out.append(
             f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "
             f"drops {s.get('drops')}, stale {s.get('stale')}, errors {s.get('errors')}, "
             f"peak RSS {fmt_bytes(peak_rss)}"
         )
-    for e in evs[:20]:
-        con.print(f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}")
+    out += [f"  t={e['t'] or 0:8.2f}s {e['kind']:<10} {e['message'] or ''}" for e in evs[:20]]
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -127,7 +127,12 @@ def recommend(theoretical_fps: float | None) -> tuple[float | None, tuple[float,
 def held_fixed(config: Mapping[str, Any]) -> dict[str, Any]:
     """The workload settings that fix the output (prompt, length, beams, input size...)."""
     wl = config.get("workload", {})
-    return {k: wl[k] for k in HELD_FIXED_KEYS if k in wl}
+    out = {k: wl[k] for k in HELD_FIXED_KEYS if k in wl}
+    max_new = out.get("max_new_tokens")
+    if "min_new_tokens" in out and isinstance(max_new, int):  # the effective value
+        min_new = out["min_new_tokens"]
+        out["min_new_tokens"] = max_new if min_new is None else min(min_new, max_new)
+    return out
 
 
 def _stat(v: np.ndarray) -> StageStat:

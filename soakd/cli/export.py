@@ -1,0 +1,136 @@
+"""``soakd export``: one run's raw rows (frames, samples or emissions) as CSV, JSON lines or
+Parquet, streamed in chunks from ``soakd.store.export`` (never the whole table at once)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+
+from soakd.cli.common import (
+    DB_HELP,
+    RUN_REF_HELP,
+    choice_option,
+    error,
+    format_option,
+    latest_mode,
+    latest_option,
+    mode_option,
+    output_option,
+    reading,
+    run_ref,
+)
+from soakd.errors import SoakdError
+from soakd.store import export as rows
+from soakd.store import runs
+
+EXPORT_FORMATS = ("csv", "jsonl", "parquet")
+FORMAT_HELP = "csv (header row), jsonl (one JSON object a row) or parquet (needs -o)."
+TABLE_HELP = "Which rows: frames (one per frame), samples (telemetry) or emissions."
+PARQUET_MISSING = (
+    "-f parquet needs pyarrow, which is not installed: pip install 'soakd[export]'"
+    " (or pip install pyarrow)"
+)
+
+
+def export_cmd(
+    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    latest: Annotated[bool, latest_option()] = False,
+    mode: Annotated[str, mode_option()] = "soak",
+    fmt: Annotated[str, format_option(FORMAT_HELP, *EXPORT_FORMATS)] = "csv",
+    table: Annotated[
+        str, choice_option("--table", values=tuple(rows.EXPORT_TABLES), help=TABLE_HELP)
+    ] = "frames",
+    output: Annotated[Path | None, output_option()] = None,
+    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+) -> None:
+    """Write one run's frames, samples or emissions for a notebook or a spreadsheet, one
+    row per stored row (run_id left out). Exit code: 0 written, 2 usage error."""
+    ref = run_ref(run_id, latest)
+    if fmt == "parquet" and output is None:
+        raise error("-f parquet writes a binary file: give -o PATH")
+    if output is not None and not output.parent.exists():
+        raise error(f"{output}: cannot write: folder {output.parent} does not exist")
+    if fmt == "parquet":
+        _pyarrow()
+    writer = _WRITERS[fmt]
+    with reading(db) as conn:
+        try:
+            rid = runs.resolve(conn, ref, latest=latest, mode=latest_mode(mode))
+        except SoakdError as exc:
+            raise error(str(exc), exc.exit_code) from None
+        cols = rows.columns(conn, table)
+        chunks = rows.iter_chunks(conn, table, rid)
+        try:
+            writer(cols, chunks, output)
+        except OSError as exc:
+            raise error(f"{output or 'stdout'}: cannot write: {exc.strerror or exc}") from None
+
+
+@contextmanager
+def _text_out(output: Path | None) -> Iterator[IO[str]]:
+    if output is None:
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    with output.open("w", encoding="utf-8", newline="") as f:
+        yield f
+
+
+Chunks = Iterator[list[tuple[Any, ...]]]
+
+
+def _write_csv(cols: list[tuple[str, str]], chunks: Chunks, output: Path | None) -> None:
+    with _text_out(output) as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow([name for name, _ in cols])
+        for chunk in chunks:
+            w.writerows(chunk)
+
+
+def _write_jsonl(cols: list[tuple[str, str]], chunks: Chunks, output: Path | None) -> None:
+    names = [name for name, _ in cols]
+    with _text_out(output) as f:
+        for chunk in chunks:
+            f.write("".join(json.dumps(dict(zip(names, r, strict=True))) + "\n" for r in chunk))
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise error(PARQUET_MISSING) from None
+    return pyarrow
+
+
+def _arrow_type(pa: Any, declared: str) -> Any:
+    """The Arrow column type for a declared SQLite column type."""
+    if "INT" in declared:
+        return pa.int64()
+    if any(t in declared for t in ("REAL", "FLOA", "DOUB")):
+        return pa.float64()
+    return pa.string()
+
+
+def _write_parquet(cols: list[tuple[str, str]], chunks: Chunks, output: Path | None) -> None:
+    pa = _pyarrow()
+    assert output is not None  # checked by export_cmd
+    schema = pa.schema([(name, _arrow_type(pa, t)) for name, t in cols])
+    with pa.parquet.ParquetWriter(str(output), schema) as w:
+        for chunk in chunks:
+            columns = list(zip(*chunk, strict=True))
+            w.write_batch(pa.record_batch([list(c) for c in columns], schema=schema))
+
+
+_WRITERS = {"csv": _write_csv, "jsonl": _write_jsonl, "parquet": _write_parquet}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_cmd)

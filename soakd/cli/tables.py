@@ -1,0 +1,70 @@
+"""Rich terminal tables for ``soakd profile`` and ``soakd sweep`` (on a terminal, instead of
+their Markdown). The numbers are the same ones the Markdown shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from soakd.records import STAGES
+from soakd.studies.profiling import ProfileResult
+from soakd.studies.sweep import SweepResult
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _mb(v: int | None) -> str:
+    return "–" if v is None else f"{v / (1 << 20):.0f} MB"
+
+
+def profile_tables(r: ProfileResult) -> list[Any]:
+    """The stage table, then the memory / rate lines and the notes."""
+    t = Table(title=f"soakd profile {r.run_id} ({r.workload_kind}, {r.frames} frames unpaced)")
+    for c in ("stage", "first frame (ms)", "median (ms)", "max (ms)"):
+        t.add_column(c, justify="left" if c == "stage" else "right")
+    for s in STAGES:
+        st = r.stages[s]
+        t.add_row(s, _ms(r.first.get(s)), _ms(st.median), _ms(st.max))
+    lines = [
+        f"statistics over the {r.measured} frames after the first",
+        f"peak RSS {_mb(r.peak_rss_bytes)}, peak GPU memory {_mb(r.peak_gpu_mem_bytes)}",
+    ]
+    if r.first_error:
+        lines.append(f"first frame raised: {r.first_error}")
+    if r.out_tokens is not None:
+        lines.append(f"output tokens per frame (median): {r.out_tokens:g}")
+    if r.theoretical_fps is not None:
+        lines.append(f"theoretical rate {r.theoretical_fps:.2f} fps (1000 / median total)")
+        lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")
+    else:
+        lines.append("theoretical rate: unknown (no frame finished after the first)")
+    lines += [f"note: {n}" for n in r.notes]
+    return [t, *(Text(ln) for ln in lines)]
+
+
+def sweep_tables(r: SweepResult) -> list[Any]:
+    """One row per value (the knee marked), then the summary line and the knee rule."""
+    how = "paced" if r.paced else "back to back"
+    t = Table(title=f"soakd sweep {r.key} ({len(r.values)} values, {r.frames} frames, {how})")
+    cols = ["value", "status", "pre p50", "infer p50", "infer max", "total p50"]
+    cols += ["age p95", "drops"] if r.paced else []
+    cols += ["peak RSS", "out tokens"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("value", "status") else "right")
+    for i, p in enumerate(r.points):
+        value = f"{p.value} (knee)" if i == r.knee_index else str(p.value)
+        if p.status != "ok":
+            t.add_row(value, f"rejected: {p.reason}", *("–" for _ in cols[2:]))
+            continue
+        row = [value, "ok", _ms(p.pre_median_ms), _ms(p.infer_median_ms)]
+        row += [_ms(p.infer_max_ms), _ms(p.total_median_ms)]
+        if r.paced:
+            drops = "–" if p.drop_fraction is None else f"{p.drop_fraction:.1%}"
+            row += [_ms(p.age_p95_ms), drops]
+        row += [_mb(p.peak_rss_bytes), "–" if p.out_tokens is None else f"{p.out_tokens:g}"]
+        t.add_row(*row)
+    return [t, Text(r.summary), Text(f"times in ms; knee rule: {r.knee_rule}")]
