@@ -23,6 +23,7 @@ from soakd.config import Settings
 from soakd.errors import UsageError
 from soakd.observers.base import Progress, RunInfo, RunResult
 from soakd.observers.metrics import (
+    CriterionRow,
     MetricsObserver,
     MetricsServer,
     is_loopback,
@@ -144,7 +145,9 @@ def test_frames_samples_progress_and_verdict_are_exported(server: MetricsServer)
     assert value(data, "soakd_verdict", verdict="PASS", **run) == 0
     assert value(data, "soakd_criterion_status", criterion="memory_growth", status="fail") == 1
     assert value(data, "soakd_criterion_status", criterion="drops", status="pass") == 1
-    assert value(data, "soakd_criterion_value", criterion="memory_growth", unit="MB/min") == 9.5
+    assert value(
+        data, "soakd_criterion_value", criterion="memory_growth", unit="bytes_per_second"
+    ) == pytest.approx(9.5 * 2**20 / 60)
     assert value(data, "soakd_criterion_threshold", criterion="drops") == 0.05
 
 
@@ -271,10 +274,37 @@ def test_verdict_from_soakd_analysis_is_exported() -> None:
         get("soakd_criterion_status", {**run, "criterion": "memory_floor_slope", "status": "fail"})
         == 1
     )
-    assert (
-        get("soakd_criterion_value", {**run, "criterion": "memory_floor_slope", "unit": "MB/min"})
-        == 7.5
-    )
+    assert get(
+        "soakd_criterion_value",
+        {**run, "criterion": "memory_floor_slope", "unit": "bytes_per_second"},
+    ) == pytest.approx(7.5 * 2**20 / 60)
+
+
+@pytest.mark.parametrize(
+    ("unit", "value", "base", "expected"),
+    [
+        ("MB/min", 6.0, "bytes_per_second", 6.0 * 2**20 / 60),
+        ("ms/min", 60.0, "seconds_per_second", 0.001),
+        ("x median", 3.0, "ratio", 3.0),
+        ("fraction", 0.02, "ratio", 0.02),
+        ("h", 2.0, "seconds", 7200.0),
+        ("s", 30.0, "seconds", 30.0),
+        ("count", 4.0, "count", 4.0),
+    ],
+)
+def test_criterion_value_and_threshold_are_exported_in_base_units(
+    unit: str, value: float, base: str, expected: float
+) -> None:
+    """soakd_criterion_value/_threshold carry base units (seconds, bytes per second, ratio),
+    never the verdict's ms/min, MB/min or x median, with the base unit as the unit label."""
+    obs = MetricsObserver()
+    obs.on_run_start(_info())
+    obs.set_verdict("PASS", [CriterionRow("c", "pass", value, value, unit)])
+    lbl = {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200", "criterion": "c"}
+    get = obs.registry.get_sample_value
+    assert get("soakd_criterion_value", {**lbl, "unit": base}) == pytest.approx(expected)
+    assert get("soakd_criterion_threshold", {**lbl, "unit": base}) == pytest.approx(expected)
+    assert unit == base or get("soakd_criterion_value", {**lbl, "unit": unit}) is None
 
 
 def test_linger_serves_the_final_verdict_until_one_scrape_reads_it() -> None:

@@ -49,6 +49,9 @@ class Progress:
     stage_p50_ms: dict[str, float | None] = field(
         default_factory=dict
     )  # grab/pre/infer/decode/total
+    stage_p95_ms: dict[str, float | None] = field(default_factory=dict)
+    stage_max_ms: dict[str, float | None] = field(default_factory=dict)
+    failing: list[str] = field(default_factory=list)  # criteria already failing "so far"
     rss_bytes: int | None = None
     gpu_mem_bytes: int | None = None
     warmup: bool = False
@@ -70,6 +73,7 @@ class RunResult:
 class Observer:
     """Base class with no-op hooks; override what you need."""
 
+    def on_phase(self, name: str) -> None: ...  # before the run starts: what it is doing
     def on_run_start(self, info: RunInfo) -> None: ...
     def on_loading(self, message: str, extend_s: float) -> None: ...
     def on_ready(self) -> None: ...
@@ -100,6 +104,9 @@ class Observers(Observer):
                     error=f"{type(exc).__name__}: {exc}",
                 )
                 self._obs.remove(o)
+
+    def on_phase(self, name: str) -> None:
+        self._call("on_phase", name)
 
     def on_run_start(self, info: RunInfo) -> None:
         self._call("on_run_start", info)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
+from soakd.records import STAGES
 
 
 def fmt_ms(v: float | None) -> str:
@@ -31,35 +34,53 @@ def fmt_s(v: float) -> str:
 
 
 class LiveDisplay(Observer):
-    """Redraws once a second from the runner's progress snapshots."""
+    """Redraws once a second from the runner's progress snapshots; before the first frame, a
+    spinner says what is happening (opening the source, building or loading the model,
+    warm-up)."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.live: Live | None = None
         self.info: RunInfo | None = None
-        self.loading = "starting"
+        self.phase = "starting"
+        self.last: Progress | None = None
+
+    def _start(self) -> None:
+        if self.live is None:
+            self.live = Live(self._render(self.last), console=self.console, refresh_per_second=4)
+            self.live.start()
+
+    def on_phase(self, name: str) -> None:
+        self.phase = name
+        self._start()
+        assert self.live is not None
+        self.live.update(self._render(self.last))
 
     def on_run_start(self, info: RunInfo) -> None:
         self.info = info
-        self.live = Live(
-            self._render(None), console=self.console, refresh_per_second=4, transient=False
-        )
-        self.live.start()
+        self._start()
+        assert self.live is not None
+        self.live.update(self._render(None))
 
     def on_progress(self, p: Progress) -> None:
+        self.last = p
         if self.live is not None:
             self.live.update(self._render(p))
 
-    def _render(self, p: Progress | None) -> Any:
+    def _title(self) -> Text:
         info = self.info
         s = info.settings if info else None
-        title = Text.assemble(
+        return Text.assemble(
             ("soakd ", "bold"),
             (info.run_id if info else "", "cyan"),
             f"  {s.workload.kind} @ {s.run.fps:g} fps" if s else "",
         )
-        if p is None:
-            return Group(title, Text("waiting for the first frame...", style="dim"))
+
+    def _render(self, p: Progress | None) -> Any:
+        title = self._title()
+        if p is None or p.frames_done == 0:
+            since = f" {fmt_s(p.elapsed_s)}" if p is not None else ""
+            return Group(title, Spinner("dots", text=Text(f"{self.phase}...{since}", style="dim")))
         total = p.elapsed_s + p.remaining_s
         bar = ProgressBar(total=max(total, 1e-9), completed=p.elapsed_s, width=40)
         head = Table.grid(padding=(0, 1))
@@ -68,40 +89,9 @@ class LiveDisplay(Observer):
             Text(f"{fmt_s(p.elapsed_s)} / {fmt_s(total)}"),
             Text("warm-up" if p.warmup else "", style="yellow"),
         )
-        t = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
-        for col in (
-            "fps",
-            "frames",
-            "drops",
-            "stale",
-            "errors",
-            "age p50",
-            "grab",
-            "pre",
-            "infer",
-            "decode",
-            "total",
-            "RSS",
-            "VRAM",
-        ):
-            t.add_column(col, justify="right")
-        st = p.stage_p50_ms
-        t.add_row(
-            f"{p.achieved_fps:.2f}",
-            str(p.frames_done),
-            str(p.drops),
-            str(p.stale),
-            Text(str(p.errors), style="red" if p.errors else ""),
-            fmt_ms(p.age_p50_ms),
-            fmt_ms(st.get("grab")),
-            fmt_ms(st.get("pre")),
-            fmt_ms(st.get("infer")),
-            fmt_ms(st.get("decode")),
-            fmt_ms(st.get("total")),
-            fmt_bytes(p.rss_bytes),
-            fmt_bytes(p.gpu_mem_bytes),
-        )
-        parts: list[Any] = [title, head, t]
+        parts: list[Any] = [title, head, _counters(p), _stages(p)]
+        for line in p.failing:
+            parts.append(Text(f"failing: {line}", style="bold red"))
         if not p.progressing and p.stalled_s > 2:
             parts.append(Text(f"no frame finished for {p.stalled_s:.0f} s", style="bold red"))
         return Group(*parts)
@@ -115,18 +105,48 @@ class LiveDisplay(Observer):
             self.live = None
 
 
-def summary_table(run: dict[str, Any], stages: dict[str, dict[str, float | None]]) -> Table:
-    """Stage medians and maxima (post-warm-up) plus the run's counters."""
-    t = Table(title=f"run {run['id']}  ({run['status']})", title_justify="left")
+def _counters(p: Progress) -> Table:
+    t = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
+    for col in ("fps", "frames", "drops", "stale", "errors", "age p50", "RSS", "VRAM"):
+        t.add_column(col, justify="right")
+    t.add_row(
+        f"{p.achieved_fps:.2f}",
+        str(p.frames_done),
+        str(p.drops),
+        str(p.stale),
+        Text(str(p.errors), style="red" if p.errors else ""),
+        fmt_ms(p.age_p50_ms),
+        fmt_bytes(p.rss_bytes),
+        fmt_bytes(p.gpu_mem_bytes),
+    )
+    return t
+
+
+def _stages(p: Progress) -> Table:
+    """Recent stage times (ms): p50, p95 and max per stage."""
+    t = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
+    t.add_column("ms")
+    for name in STAGES:
+        t.add_column(name, justify="right")
+    for label, vals in (("p50", p.stage_p50_ms), ("p95", p.stage_p95_ms), ("max", p.stage_max_ms)):
+        t.add_row(label, *(fmt_ms(vals.get(k)) for k in STAGES))
+    return t
+
+
+def summary_table(
+    run: dict[str, Any], stages: dict[str, dict[str, float | None]], *, boxed: bool = True
+) -> Table:
+    """The first frame's stage times and the stages' p50, p95, p99 and max (post-warm-up).
+    ``boxed=False``: aligned columns with no box-drawing characters (for the journal)."""
+    t = Table(
+        title=f"run {run['id']}  ({run['status']})",
+        title_justify="left",
+        box=box.HEAVY_HEAD if boxed else None,
+    )
     t.add_column("stage")
-    for c in ("first", "p50", "p95", "max"):
+    cols = ("first", "p50", "p95", "p99", "max")
+    for c in cols:
         t.add_column(f"{c} ms", justify="right")
     for name, st in stages.items():
-        t.add_row(
-            name,
-            fmt_ms(st.get("first")),
-            fmt_ms(st.get("p50")),
-            fmt_ms(st.get("p95")),
-            fmt_ms(st.get("max")),
-        )
+        t.add_row(name, *(fmt_ms(st.get(c)) for c in cols))
     return t

@@ -1,16 +1,38 @@
 """structlog set-up: JSON lines when stderr is not a terminal (journald, CI), key=value on a
-terminal. Plus the per-frame log line observer."""
+terminal. Plus the log-line observer (phases, frames, periodic progress).
+
+Under systemd, when the log stream is the journal (``$JOURNAL_STREAM`` names it), every line
+starts with the ``<N>`` syslog priority journald reads (``SyslogLevelPrefix=``, on by
+default), so ``journalctl -p warning`` finds soakd's warnings. With JSON logs, third-party
+progress bars (tqdm, the Hugging Face hub's "Loading checkpoint shards") are turned off and
+Python ``logging`` records (transformers' warnings) are rendered by structlog, so every line
+stays JSON.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
 import structlog
 
-from soakd.observers.base import Observer
-from soakd.records import FrameRecord
+from soakd.observers.base import Observer, Progress
+from soakd.observers.journal import ERR, INFO, WARNING, journal_stream
+from soakd.records import STAGES, FrameRecord
+
+#: seconds between two progress log lines
+PROGRESS_EVERY_S = 10.0
+_PRIORITY = {"critical": 2, "exception": ERR, "error": ERR, "warning": WARNING, "warn": WARNING}
+#: set before transformers / huggingface_hub / tqdm are imported, when logs are JSON
+QUIET_ENV = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    # transformers' own handler writes plain text: imported later, it may only speak errors
+    "TRANSFORMERS_VERBOSITY": "error",
+}
 
 
 def configure_logging(*, json: bool | None = None, level: str = "info", stream: Any = None) -> None:
@@ -29,8 +51,11 @@ def configure_logging(*, json: bool | None = None, level: str = "info", stream: 
             structlog.processors.EventRenamer("msg"),
             structlog.processors.JSONRenderer(),
         ]
+        quiet_third_party()
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=stream.isatty()))
+    if journal_stream(stream):
+        processors.append(syslog_prefix)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(
@@ -41,17 +66,87 @@ def configure_logging(*, json: bool | None = None, level: str = "info", stream: 
     )
 
 
+def syslog_prefix(_logger: Any, method: str, rendered: Any) -> Any:
+    """The last processor under systemd: ``<4>`` warnings, ``<3>`` errors, ``<6>`` info."""
+    return f"<{_PRIORITY.get(method, INFO if method != 'debug' else 7)}>{rendered}"
+
+
+class StructlogHandler(logging.Handler):
+    """Python ``logging`` records (transformers, huggingface_hub) as structlog lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            structlog.get_logger(record.name).log(record.levelno, record.getMessage())
+        except Exception:  # a log line is never worth a crash
+            self.handleError(record)
+
+
+def quiet_third_party() -> None:
+    """No progress bars, and warnings and worse from ``logging`` through structlog."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    root = logging.getLogger()
+    if not any(isinstance(h, StructlogHandler) for h in root.handlers):
+        handler = StructlogHandler(logging.WARNING)
+        root.addHandler(handler)
+    if "transformers" in sys.modules:  # imported already: the environment came too late
+        route_transformers()
+
+
+def route_transformers() -> None:
+    """transformers writes to its own stderr handler: send it to the root logger instead."""
+    from transformers.utils import logging as tlog
+
+    tlog.disable_progress_bar()
+    tlog.set_verbosity_warning()
+    tlog.disable_default_handler()
+    tlog.enable_propagation()
+
+
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 1)
 
 
 class FrameLogObserver(Observer):
-    """One log line per N frames with the seed's fields:
-    ``frame grab pre infer decode total queue age drop`` (ms)."""
+    """Log lines for a reader without a terminal: one per phase before the run starts
+    (``phase``), one per N frames with the seed's fields ``frame grab pre infer decode total
+    queue age drop`` (ms), and every ``PROGRESS_EVERY_S`` a ``progress`` line with each
+    stage's recent p50 / p95 / max and the criteria failing so far."""
 
-    def __init__(self, every: int = 1) -> None:
+    def __init__(self, every: int = 1, progress_every_s: float = PROGRESS_EVERY_S) -> None:
         self.every = max(0, every)
+        self.progress_every_s = progress_every_s
+        self._next_progress_s = progress_every_s
+        self._failing_told: set[str] = set()
         self.log = structlog.get_logger("soakd.frames")
+
+    def on_phase(self, name: str) -> None:
+        self.log.info("phase", phase=name)
+
+    def on_progress(self, p: Progress) -> None:
+        if p.elapsed_s < self._next_progress_s or not self.progress_every_s:
+            return
+        self._next_progress_s = p.elapsed_s + self.progress_every_s
+        stages = {
+            k: [_r(p.stage_p50_ms.get(k)), _r(p.stage_p95_ms.get(k)), _r(p.stage_max_ms.get(k))]
+            for k in STAGES
+        }
+        self.log.info(
+            "progress",
+            elapsed_s=round(p.elapsed_s, 1),
+            fps=round(p.achieved_fps, 2),
+            frames=p.frames_done,
+            drops=p.drops,
+            errors=p.errors,
+            age_p50=_r(p.age_p50_ms),
+            stages_p50_p95_max_ms=stages,
+            failing=p.failing or None,
+        )
+        for line in p.failing:
+            criterion = line.split(" ", 1)[0]
+            if criterion not in self._failing_told:  # once per criterion, not every line
+                self._failing_told.add(criterion)
+                self.log.warning("failing so far", criterion=line)
 
     def on_frame(self, rec: FrameRecord) -> None:
         if not self.every or rec.frame_id % self.every:

@@ -32,7 +32,9 @@ soakd_run_status                                 gauge      status = running|com
 soakd_run_info                                   gauge      name, workload, hostname (always 1)
 soakd_verdict                                    gauge      verdict = PASS|FAIL|INVALID (one-hot)
 soakd_criterion_status                           gauge      criterion, status (one-hot)
-soakd_criterion_value / _threshold               gauge      criterion, unit
+soakd_criterion_value / _threshold               gauge      criterion, unit (base unit:
+                                                            seconds, bytes_per_second,
+                                                            seconds_per_second, ratio, count)
 
 The process normally exits right after the verdict, before any scrape could read it; with
 ``service.metrics_linger_s`` > 0 the exporter keeps serving after the run's end until one
@@ -274,6 +276,30 @@ def announce(server: MetricsServer, *, chosen: bool, log: Any = None) -> None:
 # The observer
 
 
+_MIB = float(1 << 20)
+
+#: a verdict's unit -> (factor to the base unit, the base unit's name); a unit not listed
+#: is exported as it is
+BASE_UNITS: dict[str, tuple[float, str]] = {
+    "ms": (1e-3, "seconds"),
+    "s": (1.0, "seconds"),
+    "h": (3600.0, "seconds"),
+    "MB": (_MIB, "bytes"),
+    "MB/min": (_MIB / 60.0, "bytes_per_second"),
+    "ms/min": (1e-3 / 60.0, "seconds_per_second"),
+    "x median": (1.0, "ratio"),
+    "fraction": (1.0, "ratio"),
+    "count": (1.0, "count"),
+}
+
+
+def to_base_unit(value: float, unit: str | None) -> tuple[float, str]:
+    """A criterion's value (or threshold) in ``unit`` -> (value, unit) in base units,
+    e.g. ``(2.0, "MB/min")`` -> ``(34952.53, "bytes_per_second")``."""
+    factor, base = BASE_UNITS.get(unit or "", (1.0, unit or ""))
+    return value * factor, base
+
+
 @dataclass(slots=True)
 class CriterionRow:
     """One criterion of a verdict, as exported."""
@@ -490,11 +516,12 @@ class MetricsObserver(Observer):
                 self.crit_status.labels(**lv, criterion=c.name, status=s).set(
                     1 if s == status else 0
                 )
-            unit = c.unit or ""
             if c.value is not None:
-                self.crit_value.labels(**lv, criterion=c.name, unit=unit).set(c.value)
+                value, unit = to_base_unit(c.value, c.unit)
+                self.crit_value.labels(**lv, criterion=c.name, unit=unit).set(value)
             if c.threshold is not None:
-                self.crit_threshold.labels(**lv, criterion=c.name, unit=unit).set(c.threshold)
+                thr, unit = to_base_unit(c.threshold, c.unit)
+                self.crit_threshold.labels(**lv, criterion=c.name, unit=unit).set(thr)
 
     def _set_status(self, status: str) -> None:
         assert self._labels is not None

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import structlog
 
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
+from soakd.observers.journal import verdict_word
 from soakd.observers.notify import Notifier, watchdog_interval_s
 from soakd.records import Event
 
@@ -99,7 +100,7 @@ class SystemdObserver(Observer):
         self.notifier.stopping(status=f"stopping: {reason}")
 
     def on_run_end(self, result: RunResult) -> None:
-        verdict = _verdict_word(result.verdict)
+        verdict = verdict_word(result.verdict)
         text = f"run {result.run_id} {result.status}"
         if result.reason:
             text += f" ({result.reason})"
@@ -111,15 +112,3 @@ class SystemdObserver(Observer):
 
     def close(self) -> None:
         self.notifier.close()
-
-
-def _verdict_word(verdict: object) -> str | None:
-    if verdict is None:
-        return None
-    if isinstance(verdict, str):
-        return verdict
-    for attr in ("status", "verdict", "outcome"):
-        v = getattr(verdict, attr, None)
-        if v is not None:
-            return str(getattr(v, "value", v))
-    return None

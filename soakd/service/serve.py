@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from soakd.config import Settings
 from soakd.observers.base import Observer, RunResult
+from soakd.observers.journal import JournalObserver
 from soakd.observers.metrics import open_metrics
 from soakd.observers.systemd import SystemdObserver
 from soakd.run.runner import Run
@@ -31,6 +32,9 @@ def service_observers(settings: Settings) -> list[Observer]:
             obs.append(sd)
     if settings.service.metrics_addr:
         obs.append(open_metrics(settings.service.metrics_addr))
+    journal = JournalObserver.from_env()  # structured entries when the journal is there
+    if journal is not None:
+        obs.append(journal)
     return obs
 
 

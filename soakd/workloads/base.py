@@ -41,6 +41,7 @@ class WorkloadContext:
     audio_rate: int | None = None  # Hz, when an audio source is configured
     cache_dir: str | None = None  # where built-in tiny models are saved and loaded from
     extend_timeout: Callable[[float], None] = field(default=lambda seconds: None)
+    phase: Callable[[str], None] = field(default=lambda name: None)  # "loading model", ...
     log: Any = None  # a structlog logger bound to the run
 
 

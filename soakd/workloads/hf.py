@@ -26,7 +26,8 @@ import numpy as np
 from soakd.config import HfWorkload, TinyVlmWorkload
 from soakd.records import Frame, StageOutput
 from soakd.workloads.base import WorkloadContext, WorkloadError
-from soakd.workloads.tiny import TinySpec, ensure_tiny_model
+from soakd.workloads.tiny import MARKER, TinySpec, ensure_tiny_model
+from soakd.workloads.tiny import model_dir as tiny_model_dir
 
 LOAD_TIMEOUT_S = 300.0  # asked of systemd (EXTEND_TIMEOUT_USEC) before a model load
 
@@ -194,6 +195,7 @@ class HfStaged:
             # on a small CPU box torch's OpenMP pool contends with soakd's own threads and
             # shows up as infer jitter; the setting is recorded with the run
             torch.set_num_threads(p.torch_threads)
+        self.ctx.phase("loading model")
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         try:
@@ -305,6 +307,8 @@ class TinyVlmStaged(HfStaged):
 
     def model_dir(self) -> Path:
         self.ctx.extend_timeout(LOAD_TIMEOUT_S)
+        if not (tiny_model_dir(self.spec, self.cache_dir) / MARKER).is_file():
+            self.ctx.phase("building the tiny model")
         return ensure_tiny_model(self.spec, self.cache_dir)
 
 
