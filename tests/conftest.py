@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sqlite3
 import subprocess
@@ -78,6 +79,21 @@ def run_cli(
     return subprocess.run(
         soakd_cmd(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout, env=env
     )
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of ``stderr`` that are not structured log records (the JSON lines soakd logs
+    when stderr is not a terminal, e.g. a ``phase`` line before a model loads): what a person
+    reads as the error."""
+    out = []
+    for line in stderr.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not (isinstance(rec, dict) and "msg" in rec and "level" in rec):
+            out.append(line)
+    return out
 
 
 @pytest.fixture

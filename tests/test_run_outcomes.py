@@ -26,7 +26,7 @@ from soakd.run.pacer import Pacer
 from soakd.run.queue import FrameQueue
 from soakd.run.runner import run_soak
 
-from .conftest import REPO, run_cli, soakd_cmd
+from .conftest import REPO, error_lines, run_cli, soakd_cmd
 from .conftest import SYNTH_CLI as SYNTH
 
 pytestmark = pytest.mark.slow
@@ -192,7 +192,7 @@ def test_setup_raising_is_a_one_line_usage_error(tmp_path: Path) -> None:
     r = run_cli("run", "--db", str(tmp_path / "s.db"), "--no-live", *SYNTH,
                 *[a for kv in _factory("setup") for a in ("--set", kv)])  # fmt: skip
     assert r.returncode == ExitCode.USAGE
-    assert r.stderr.strip().splitlines() == [
+    assert error_lines(r.stderr) == [
         "soakd: error: workload 'python': setup failed: RuntimeError: weights are corrupt"
     ]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from soakd.errors import ExitCode
-from tests.conftest import REPO, soakd_cmd
+from tests.conftest import REPO, error_lines, soakd_cmd
 from tests.silent_server import silent_listener
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_stream_that_accepts_and_never_answers_exits_2_with_one_line(
             cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=60
         )
         elapsed = time.monotonic() - t
-    lines = proc.stderr.splitlines()
+    lines = error_lines(proc.stderr)
     assert proc.returncode == ExitCode.USAGE == 2, proc.stderr
     assert lines == [
         f"soakd: error: stream {url}: not opened within open_timeout_s = 2 s (no answer)"
