@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from soakd.analysis import evaluate
+from soakd.config import load_settings
 from soakd.records import Event, FrameRecord, Sample
+from soakd.run.runner import run_soak
 from soakd.store import db as store
 from soakd.store.runs import get_run, process_start
 from soakd.store.schema import MIGRATIONS
@@ -248,3 +251,45 @@ def test_open_run_records_the_process_start_time(db_path: Path) -> None:
     conn = store.connect(db_path)
     rid = make_run(conn, status="running")
     assert get_run(conn, rid).pid_start == process_start(os.getpid()) is not None
+
+
+def test_measured_frames_view_is_the_verdicts_measured_window(db_path: Path) -> None:
+    """measured_frames leaves out unflagged frames captured before the warmup_end event, as
+    the verdict does: its count(*) is the verdict's window["measured_frames"]."""
+    conn = store.connect(db_path)
+    make_run(conn, id="r1", config={"run": {"fps": 10, "warmup_s": 0.5}})
+    w = store.StoreWriter(db_path, "r1")
+    w.start()
+    for i in range(40):  # 10 fps for 4 s; flagged warm-up below 0.5 s, the event at 0.75 s
+        t = i / 10
+        w.put(
+            FrameRecord(
+                frame_id=i, t_sched=t, t_capture=t, t_dispatch=t, t_done=t + 0.01,
+                lateness_ms=0, grab_ms=1, infer_ms=5, total_ms=6, frame_age_ms=1,
+                first=i == 0, warmup=t < 0.5,
+            )
+        )  # fmt: skip
+    w.put(Event("warmup_end", 0.75, 0.75, "warm-up ended"))
+    w.close()
+    _, verdict = evaluate(conn, "r1")
+    (n,) = conn.execute("SELECT count(*) FROM measured_frames WHERE run_id = 'r1'").fetchone()
+    (summary_n,) = conn.execute("SELECT measured_frames FROM run_summary").fetchone()
+    assert n == summary_n == verdict.window["measured_frames"] == 32  # t = 0.8 .. 3.9
+
+
+def test_measured_frames_view_matches_the_verdict_of_a_real_run(tmp_path: Path) -> None:
+    """A real 100 fps synthetic soak: count(*) from measured_frames equals the stored
+    verdict's window["measured_frames"], and so does run_summary.measured_frames."""
+    db = tmp_path / "soakd.db"
+    settings = load_settings(
+        overrides=[
+            "workload.kind=synthetic", f"run.db={str(db)!r}", "run.duration=2", "run.fps=100",
+            "run.warmup_s=0.5", "run.log_every=0", "source.width=32", "source.height=24",
+            "workload.infer_ms=1", "workload.pre_ms=0", "workload.decode_ms=0",
+        ]
+    )  # fmt: skip
+    res = run_soak(settings)
+    conn = store.connect(db)
+    (n,) = conn.execute("SELECT count(*) FROM measured_frames").fetchone()
+    (summary_n,) = conn.execute("SELECT measured_frames FROM run_summary").fetchone()
+    assert n == summary_n == res.verdict.window["measured_frames"] > 50

@@ -251,6 +251,39 @@ FROM samples GROUP BY run_id, second;
 ALTER TABLE runs ADD COLUMN pid_start INTEGER;
 """,
     ),
+    (
+        "0003_measured_frames_window",
+        """
+-- the verdict's measured window exactly: frames captured before the warmup_end event (the
+-- monitor logs it a moment after warmup_s, so a few frames there are not flagged warm-up)
+-- are not measured either
+DROP VIEW run_summary;
+DROP VIEW measured_frames;
+CREATE VIEW measured_frames AS
+SELECT f.* FROM frames f
+WHERE f.warmup = 0 AND f.skipped = 0
+  AND f.t_capture >= coalesce((SELECT min(e.t) FROM events e WHERE e.run_id = f.run_id
+                               AND e.kind = 'warmup_end'), f.t_capture);
+-- One row per run: the questions people ask first.
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, r.name, r.mode, r.status, r.verdict, r.workload_kind, r.fps,
+       r.started_at, r.duration_s,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id) AS frames,
+       (SELECT count(*) FROM measured_frames f WHERE f.run_id = r.id) AS measured_frames,
+       (SELECT max(drop_count) FROM frames f WHERE f.run_id = r.id) AS drops,
+       (SELECT max(stale_count) FROM frames f WHERE f.run_id = r.id) AS stale,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id AND f.error IS NOT NULL) AS errors,
+       (SELECT round(avg(total_ms), 3) FROM measured_frames f WHERE f.run_id = r.id)
+            AS avg_total_ms,
+       (SELECT round(max(infer_ms), 3) FROM measured_frames f WHERE f.run_id = r.id)
+            AS max_infer_ms,
+       (SELECT max(rss_bytes) FROM samples s WHERE s.run_id = r.id) AS peak_rss_bytes,
+       (SELECT max(gpu_mem_used_bytes) FROM samples s WHERE s.run_id = r.id)
+            AS peak_gpu_mem_bytes,
+       (SELECT count(*) FROM samples s WHERE s.run_id = r.id) AS samples
+FROM runs r;
+""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
