@@ -98,6 +98,33 @@ def _check_factory(v: str) -> str:
     return v
 
 
+# Label names that soakd's own Prometheus series already carry: a run label may not shadow one
+RESERVED_LABELS = frozenset(
+    {"run", "config", "gpu", "uuid", "stage", "criterion", "status", "kind", "stream", "job",
+     "instance", "le", "quantile"}
+)  # fmt: skip
+
+
+def _check_labels(v: Any) -> dict[str, str]:
+    """``[run.labels]``: names as Prometheus allows them (so they can be exported), values
+    strings (numbers are written as text: ``fps = 2`` is the label ``"2"``)."""
+    if not isinstance(v, Mapping):
+        raise ValueError("must be a table of name = value")
+    out: dict[str, str] = {}
+    for k, val in v.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", str(k)) or str(k).startswith("__"):
+            raise ValueError(f"label name {k!r}: letters, digits and _ only, not starting a digit")
+        if str(k) in RESERVED_LABELS:
+            raise ValueError(f"label name {k!r} is reserved (soakd's own metric label)")
+        if isinstance(val, bool) or not isinstance(val, str | int | float):
+            raise ValueError(f"label {k!r}: value must be a string or a number, got {val!r}")
+        if len(str(val)) > 200:
+            raise ValueError(f"label {k!r}: value longer than 200 characters")
+        out[str(k)] = f"{val:g}" if isinstance(val, float) else str(val)
+    return out
+
+
+Labels = Annotated[dict[str, str], BeforeValidator(_check_labels)]
 Device = Annotated[str, AfterValidator(_check_device)]  # cpu | cuda | cuda:N | mps
 FactoryRef = Annotated[str, AfterValidator(_check_factory)]  # "package.module:function"
 
@@ -111,7 +138,10 @@ class _Section(BaseModel):
 class RunSettings(_Section):
     """``[run]``: pacing, queue, sampling and where the run database lives."""
 
-    name: str | None = None  # a label stored with the run
+    name: str | None = None  # a name stored with the run
+    # what the run belongs to (release = "1.4.0", cell = "..."): stored, shown, exported to
+    # Prometheus, filtered on by `runs --label` and judged together by `gate --label`
+    labels: Labels = Field(default_factory=dict)
     fps: float = Field(2.0, gt=0, le=1000)
     duration: Duration = Field(60.0, gt=0)
     warmup_s: Duration = Field(5.0, ge=0)
@@ -536,10 +566,10 @@ class Settings(_Section):
 
     def config_hash(self) -> str:
         """A hash of everything that changes what is measured: all sections but the run's
-        name, duration and db, and the service settings. Runs with the same hash are
+        name, labels, duration and db, and the service settings. Runs with the same hash are
         comparable (``jitter_k = "history"`` draws on them)."""
         d = self.to_dict()
-        for k in ("name", "duration", "db", "log_every"):
+        for k in ("name", "duration", "db", "log_every", "labels"):
             d["run"].pop(k, None)
         d.pop("service", None)
         d.pop("criteria", None)

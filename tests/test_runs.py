@@ -46,14 +46,15 @@ def test_no_run_of_the_mode_is_a_one_line_usage_error(db_path: Path) -> None:
 
 
 def test_run_row_has_every_column_with_json_decoded(db_path: Path) -> None:
-    """RunRow carries every column of `runs`; config, workload, environment and summary are
-    dicts ({} when unreadable), and as_dict() is what `show --json` prints."""
+    """RunRow carries every column of `runs` and the run's labels; config, workload,
+    environment and summary are dicts ({} when unreadable), and as_dict() is what
+    `show --json` prints."""
     conn = store.connect(db_path)
     rid = make_run(conn, config={"run": {"fps": 5}}, summary={"frames_done": 7}, duration_s=2)
     conn.execute("UPDATE runs SET environment = 'not json' WHERE id = ?", (rid,))
     row = runs.get_run(conn, rid)
     cols = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
-    assert sorted(row.as_dict()) == sorted(cols)
+    assert sorted(row.as_dict()) == sorted([*cols, "labels"])
     assert row.config == {"run": {"fps": 5}} and row.summary == {"frames_done": 7}
     assert row.environment == {} and row.status == "completed" and row.duration_s == 2
     runs.set_verdict(conn, rid, "PASS", 0)

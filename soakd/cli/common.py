@@ -27,6 +27,7 @@ OUTPUT_HELP = "Write here instead of stdout."
 SET_METAVAR = "KEY=VALUE"
 SET_HELP = "Override a config key: section.key=value (repeatable)."
 JSON_ALIAS_HELP = "Deprecated: same as -f json."
+LABEL_METAVAR = "NAME=VALUE"
 
 
 def choice(*values: str) -> Callable[[str], str]:
@@ -60,6 +61,26 @@ def output_option() -> Any:
 def json_alias_option() -> Any:
     """The old ``--json`` flag, hidden: kept so scripts written against it still work."""
     return typer.Option("--json", hidden=True, help=JSON_ALIAS_HELP)
+
+
+def label_option(help: str) -> Any:
+    """``--label NAME=VALUE`` (repeatable): what a run belongs to, or a filter on it."""
+    return typer.Option("--label", "-l", metavar=LABEL_METAVAR, help=help)
+
+
+def parse_labels(items: list[str] | None) -> dict[str, str]:
+    """``["release=1.4.0", ...]`` -> ``{"release": "1.4.0"}``; a usage error (exit 2) naming
+    the item that is not NAME=VALUE or names a label twice with two values."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise error(f"--label {item!r}: expected NAME=VALUE")
+        if out.get(name, value) != value:
+            raise error(f"--label {name}: given twice ({out[name]!r} and {value!r})")
+        out[name] = value
+    return out
 
 
 def latest_option() -> Any:

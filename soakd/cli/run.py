@@ -9,7 +9,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from soakd.cli.common import DB_HELP, SET_HELP, SET_METAVAR, console, error
+from soakd.cli.common import (
+    DB_HELP,
+    SET_HELP,
+    SET_METAVAR,
+    console,
+    error,
+    label_option,
+    parse_labels,
+)
 from soakd.config import ConfigError, Settings, load_settings, parse_duration
 from soakd.errors import ExitCode, SoakdError
 from soakd.observers.base import Observer, RunResult
@@ -51,6 +59,10 @@ def run_cmd(
     set_: Annotated[
         list[str] | None, typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP)
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        label_option("Label the run, e.g. release=1.4.0 (repeatable; adds to [run.labels])."),
+    ] = None,
     metrics_addr: Annotated[
         str | None,
         typer.Option(
@@ -78,6 +90,7 @@ def run_cmd(
         "run.fps": fps,
         "run.db": str(db) if db is not None else None,
         "service.metrics_addr": metrics_addr,
+        **{f"run.labels.{k}": v for k, v in parse_labels(label).items()},
     }
     settings = _settings(config, set_ or [], flags)
     tty = sys.stderr.isatty()

@@ -17,10 +17,12 @@ from soakd.cli.common import (
     error,
     format_option,
     json_alias_option,
+    label_option,
     latest_mode,
     latest_option,
     mode_option,
     output_option,
+    parse_labels,
     reading,
     run_ref,
 )
@@ -40,13 +42,17 @@ def runs_cmd(
         str | None,
         choice_option("--mode", values=RUN_MODES, help="Only runs of this mode."),
     ] = None,
+    label: Annotated[
+        list[str] | None, label_option("Only runs with this label (repeatable: all of them).")
+    ] = None,
     fmt: Annotated[str, format_option(RUNS_FORMAT_HELP, "table", "json")] = "table",
     output: Annotated[Path | None, output_option()] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """List runs in the database, newest first."""
+    labels = parse_labels(label)
     with reading(db) as conn:
-        rows = runs.list_runs(conn, limit=limit, mode=mode)
+        rows = runs.list_runs(conn, limit=limit, mode=mode, labels=labels)
     if as_json or fmt == "json":
         write_output("".join(json.dumps(r) + "\n" for r in rows), output)
         return
@@ -67,6 +73,7 @@ def _runs_table(rows: list[dict[str, Any]]) -> Table:
         "frames",
         "drops",
         "errors",
+        "labels",
     ):
         t.add_column(c)
     for r in rows:
@@ -82,8 +89,14 @@ def _runs_table(rows: list[dict[str, Any]]) -> Table:
             str(r["frames"]),
             str(r["drops"] or 0),
             str(r["errors"]),
+            format_labels(r["labels"]),
         )
     return t
+
+
+def format_labels(labels: dict[str, str]) -> str:
+    """``release=1.4.0 model=moss`` (``-`` for none): how people read a run's labels."""
+    return " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
 
 
 SHOW_EVENTS = (
@@ -137,6 +150,8 @@ def _show_text(
         f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
         + (f", reason: {run['reason']}" if run.get("reason") else "")
     )
+    if run.get("labels"):
+        out.append(f"labels {format_labels(run['labels'])}")
     if s:
         out.append(
             f"frames {s.get('frames_done')} of {s.get('frames_captured')} captured, "

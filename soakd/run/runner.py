@@ -313,6 +313,7 @@ class Run:
             config_hash=s.config_hash(),
             workload=describe,
             environment=env,
+            labels=s.run.labels,
         )
 
     def _announce(self, env: dict[str, Any]) -> None:

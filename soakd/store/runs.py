@@ -17,8 +17,8 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from soakd.errors import UsageError
@@ -45,6 +45,7 @@ class NewRun:
     config_hash: str
     workload: dict[str, Any]
     environment: dict[str, Any]
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def open_run(conn: sqlite3.Connection, run: NewRun, started_unix: float) -> None:
@@ -71,6 +72,10 @@ def open_run(conn: sqlite3.Connection, run: NewRun, started_unix: float) -> None
             json.dumps(run.workload, default=str),
             json.dumps(run.environment, default=str),
         ),
+    )
+    conn.executemany(
+        "INSERT INTO labels (run_id, key, value) VALUES (?, ?, ?)",
+        [(run.id, k, v) for k, v in sorted(run.labels.items())],
     )
 
 
@@ -132,13 +137,14 @@ class RunRow:
     verdict: str | None
     exit_code: int | None
     pid_start: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # from the labels table
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (``soakd show --json``, the summary table)."""
-        return {f: getattr(self, f) for f in _RUN_COLUMNS}
+        return {f.name: getattr(self, f.name) for f in fields(RunRow)}
 
 
-_RUN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RunRow))
+_RUN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RunRow) if f.name != "labels")
 _SELECT_RUN = f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs"
 
 
@@ -152,17 +158,47 @@ def _loads(text: str | None) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def _row(values: Sequence[Any]) -> RunRow:
+def _row(conn: sqlite3.Connection, values: Sequence[Any]) -> RunRow:
     d = dict(zip(_RUN_COLUMNS, tuple(values), strict=True))
     for k in _JSON_COLUMNS:
         d[k] = _loads(d[k])
-    return RunRow(**d)
+    return RunRow(**d, labels=get_labels(conn, d["id"]))
 
 
 def find_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     """The run with exactly this id, or None."""
     row = conn.execute(_SELECT_RUN + " WHERE id = ?", (run_id,)).fetchone()
-    return None if row is None else _row(row)
+    return None if row is None else _row(conn, row)
+
+
+def get_labels(conn: sqlite3.Connection, run_id: str) -> dict[str, str]:
+    """The run's labels (``[run.labels]`` and ``--label``), by name."""
+    rows = conn.execute("SELECT key, value FROM labels WHERE run_id = ? ORDER BY key", (run_id,))
+    return {str(k): str(v) for k, v in rows}
+
+
+def _label_filter(labels: Mapping[str, str], alias: str = "runs.id") -> tuple[str, list[Any]]:
+    """SQL conditions (AND-ed) selecting runs carrying every one of ``labels``."""
+    conds, args = [], []
+    for k, v in sorted(labels.items()):
+        conds.append(
+            f"EXISTS (SELECT 1 FROM labels l WHERE l.run_id = {alias}"
+            " AND l.key = ? AND l.value = ?)"
+        )
+        args += [k, v]
+    return " AND ".join(conds), args
+
+
+def find_runs(
+    conn: sqlite3.Connection, *, labels: Mapping[str, str], mode: str | None = "soak"
+) -> list[RunRow]:
+    """Every run carrying all of ``labels`` (of ``mode``; None: any), oldest first."""
+    where, args = _label_filter(labels)
+    if mode:
+        where, args = " AND ".join(filter(None, [where, "mode = ?"])), [*args, mode]
+    sql = _SELECT_RUN + (f" WHERE {where}" if where else "")
+    rows = conn.execute(sql + " ORDER BY started_unix, id", args).fetchall()
+    return [_row(conn, r) for r in rows]
 
 
 def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
@@ -174,20 +210,28 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
 
 
 def list_runs(
-    conn: sqlite3.Connection, *, limit: int = 20, mode: str | None = None
+    conn: sqlite3.Connection,
+    *,
+    limit: int = 20,
+    mode: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The newest ``limit`` runs (of ``mode``; None: any) from the ``run_summary`` view."""
+    """The newest ``limit`` runs (of ``mode``; None: any; carrying every one of ``labels``)
+    from the ``run_summary`` view, each with its ``labels``."""
     sql = (
         "SELECT run_id, name, mode, status, verdict, workload_kind, fps, started_at,"
-        " duration_s, frames, measured_frames, drops, stale, errors FROM run_summary"
+        " duration_s, frames, measured_frames, drops, stale, errors FROM run_summary rs"
     )
-    args: list[Any] = []
+    where, args = _label_filter(labels or {}, alias="rs.run_id")
     if mode:
-        sql += " WHERE mode = ?"
-        args.append(mode)
-    sql += " ORDER BY started_at DESC, run_id DESC LIMIT ?"
-    args.append(limit)
-    return [dict(zip(_SUMMARY_KEYS, tuple(r), strict=True)) for r in conn.execute(sql, args)]
+        where, args = " AND ".join(filter(None, [where, "mode = ?"])), [*args, mode]
+    sql += (f" WHERE {where}" if where else "") + " ORDER BY started_at DESC, run_id DESC LIMIT ?"
+    out = [
+        dict(zip(_SUMMARY_KEYS, tuple(r), strict=True)) for r in conn.execute(sql, [*args, limit])
+    ]
+    for r in out:
+        r["labels"] = get_labels(conn, r["run_id"])
+    return out
 
 
 _SUMMARY_KEYS = (

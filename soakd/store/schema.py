@@ -284,6 +284,19 @@ SELECT r.id AS run_id, r.name, r.mode, r.status, r.verdict, r.workload_kind, r.f
 FROM runs r;
 """,
     ),
+    (
+        "0004_labels",
+        """
+-- what a run belongs to (release, model, cell of a plan...): `[run.labels]` and --label
+CREATE TABLE labels (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+) WITHOUT ROWID;
+CREATE INDEX labels_key_value ON labels(key, value);
+""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
