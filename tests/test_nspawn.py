@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# where this checkout and its venv appear inside the container: never under /tmp, /home or
+# /root, which the unit's sandbox (PrivateTmp, ProtectHome) hides from the service
+SRC_IN, VENV_IN = Path("/srv/soakd-src"), Path("/srv/soakd-venv")
+PYTHON_IN = VENV_IN / "bin" / Path(sys.executable).name
 ROOT = Path(os.environ.get("SOAKD_NSPAWN_ROOT", "/var/tmp/soakd-nspawn-root"))
 READY = ROOT / ".soakd-nspawn-ready"
 # systemd to boot; the shared libraries this project's Python, sqlite3 and torch load
@@ -66,7 +70,7 @@ RUN_ID_PY = (
 INSIDE = f"""#!/bin/bash
 exec > /out/inside.log 2>&1
 set -x
-{REPO}/systemd/install.sh --python {sys.executable} --reuse-site-packages; echo $? > /out/install.rc
+{SRC_IN}/systemd/install.sh --python {PYTHON_IN} --reuse-site-packages; echo $? > /out/install.rc
 cat > /etc/soakd/demo.toml <<'EOF'
 {DEMO_TOML}EOF
 systemctl start --wait soakd@demo; echo $? > /out/start.rc
@@ -125,8 +129,12 @@ def _build_root() -> None:
 
 
 def _binds() -> list[str]:
-    paths = {REPO, Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
-    return [f"--bind-ro={p}" for p in sorted(paths)]
+    """The checkout and its venv at fixed paths, the base Python where the venv expects it."""
+    return [
+        f"--bind-ro={REPO}:{SRC_IN}",
+        f"--bind-ro={Path(sys.prefix).resolve()}:{VENV_IN}",
+        f"--bind-ro={Path(sys.base_prefix).resolve()}",
+    ]
 
 
 @pytest.fixture(scope="module")
