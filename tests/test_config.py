@@ -22,6 +22,7 @@ from soakd.config import (
     parse_duration,
     parse_set,
 )
+from soakd.studies.plan import load_plan
 
 from .conftest import run_cli
 
@@ -43,10 +44,21 @@ def test_default_settings_are_the_tiny_vlm() -> None:
     assert s.run.max_queue == 1 and s.run.consume == "newest"
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.toml")), ids=lambda p: p.name)
+SHIPPED = sorted((REPO / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if not p.name.startswith("plan-")],
+                         ids=lambda p: p.name)  # fmt: skip
 def test_every_shipped_config_validates(path: Path) -> None:
-    """Each file in configs/ is a valid configuration."""
+    """Each run config in configs/ is a valid configuration."""
     load_settings(path)
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if p.name.startswith("plan-")],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_every_shipped_plan_validates_every_cell(path: Path) -> None:
+    """Each plan in configs/ (plan-*.toml) loads, every cell's config validated."""
+    assert load_plan(path).cells
 
 
 @pytest.mark.parametrize(

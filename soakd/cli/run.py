@@ -102,9 +102,16 @@ def run_cmd(
 def execute_run(settings: Settings, *, live: bool) -> int:
     """``soakd run`` after parsing: serve one soak, print its end, return the exit code."""
     try:
-        result = serve(settings, observers=[_display(live=live, log_every=settings.run.log_every)])
+        result = serve_and_print(settings, live=live)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
+    return result_code(result)
+
+
+def serve_and_print(settings: Settings, *, live: bool) -> RunResult:
+    """Serve one soak with the display (``live``) or log lines, then print its end as
+    ``soakd run`` does. ``SoakdError`` (nothing was started) propagates."""
+    result = serve(settings, observers=[_display(live=live, log_every=settings.run.log_every)])
     try:
         _print_end(console(), settings, result)
     except Exception as exc:  # the run is stored; only the summary print failed
@@ -114,6 +121,11 @@ def execute_run(settings: Settings, *, live: bool) -> int:
         print(
             f"soakd: error: {result.reason or result.summary.get('verdict_error')}", file=sys.stderr
         )
+    return result
+
+
+def result_code(result: RunResult) -> int:
+    """A served run's exit code (internal error when it has none)."""
     return int(result.exit_code if result.exit_code is not None else ExitCode.INTERNAL)
 
 
