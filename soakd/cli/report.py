@@ -4,6 +4,9 @@ Both re-evaluate the run from its rows with the criteria stored in its config (t
 is pure and deterministic, and jitter history only counts runs that started earlier), so a
 report always shows the plots and evidence behind the verdict. A run judged for the first
 time here (e.g. one that crashed before its verdict) gets its verdict stored.
+
+``soakd gate --label / --plan`` is the release gate over many runs (``soakd.cli.fleet``):
+it opens every database read-only and stores nothing.
 """
 
 from __future__ import annotations
@@ -21,21 +24,33 @@ from soakd.cli.common import (
     console,
     error,
     format_option,
+    label_option,
     latest_mode,
     latest_option,
     mode_option,
     output_option,
+    parse_labels,
     reading,
     run_ref,
 )
+from soakd.cli.fleet import fleet_gate
 from soakd.cli.output import write_output
 from soakd.errors import SoakdError
 from soakd.report import FORMATS, render
 from soakd.report.console import format_verdict_table
+from soakd.report.fleet import FLEET_FORMATS
 from soakd.store import db as store_db
 from soakd.store import runs
 
 FORMAT_HELP = "md (pull-request comment), json (soakd.verdict/2), junit (CI), html (offline)."
+GATE_DB_HELP = DB_HELP + " Repeatable with --label / --plan: every database is searched."
+GATE_LABEL_HELP = (
+    "Gate every soak run carrying this label (repeatable: all of them), latest run per cell."
+)
+GATE_PLAN_HELP = "Gate this plan's cells: each needs a run labelled plan=NAME and cell=CELL."
+GATE_FORMAT_HELP = (
+    "With --label / --plan: table (default), md, json (soakd.gate/1), junit (a testcase per cell)."
+)
 
 
 def _evaluate(
@@ -83,15 +98,46 @@ def gate_cmd(
     run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[list[Path] | None, typer.Option(metavar="PATH", help=GATE_DB_HELP)] = None,
+    label: Annotated[list[str] | None, label_option(GATE_LABEL_HELP)] = None,
+    plan: Annotated[Path | None, typer.Option(metavar="PLAN", help=GATE_PLAN_HELP)] = None,
+    fmt: Annotated[str | None, format_option(GATE_FORMAT_HELP, *FLEET_FORMATS)] = None,
+    output: Annotated[Path | None, output_option()] = None,
 ) -> None:
     """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID
-    (2 usage error, 4 internal error). The release-gate step."""
+    (2 usage error, 4 internal error). The release-gate step.
 
-    with reading(db) as conn:
+    With --label / --plan: gate the latest run of every cell across every --db, one row per
+    cell; exit 0 only if every cell passed, 1 if any failed, else 3 (invalid or missing
+    cells, or no matching run)."""
+    if label or plan is not None:
+        _fleet_only(run_id, latest, mode)
+        labels = parse_labels(label)
+        fleet_gate(db or [], labels, plan, fmt or "table", output)
+    _single_run_only(db or [], fmt, output)
+    with reading(db[0] if db else None) as conn:
         _, verdict = _evaluate(conn, run_id, latest, mode)
     console().print(format_verdict_table(verdict))
     raise typer.Exit(int(verdict.exit_code))
+
+
+def _fleet_only(run_id: str | None, latest: bool, mode: str) -> None:
+    """A gate over many runs takes no single run: RUN_ID, --latest and --mode are errors."""
+    if run_id is not None or latest:
+        raise error("give a RUN_ID / --latest (one run) or --label / --plan (many), not both")
+    if mode != "soak":
+        raise error("--mode picks the run of --latest; a gate over many runs judges soak runs")
+
+
+def _single_run_only(db: list[Path], fmt: str | None, output: Path | None) -> None:
+    """-f, -o and a second --db belong to the gate over many runs (--label / --plan)."""
+    if len(db) > 1:
+        raise error("one --db for one run; several --db need --label or --plan")
+    if fmt is not None or output is not None:
+        raise error(
+            "-f/--format and -o/--output need --label or --plan; for one run's report in a"
+            " format use `soakd report`"
+        )
 
 
 def register(app: typer.Typer) -> None:

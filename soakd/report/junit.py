@@ -18,14 +18,14 @@ from soakd.analysis.model import CriterionResult, RunData, Verdict
 from soakd.jsonsafe import clean_json
 from soakd.report.text import plain
 
-_CLASS_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+CLASS_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def junit_classname(data: RunData) -> str:
     """``soakd.<run name or workload kind>``: stable across runs of one config; characters
     other than letters, digits, ``_ . -`` become ``_``."""
     label = data.meta.name or data.meta.workload_kind or "run"
-    return "soakd." + (_CLASS_UNSAFE.sub("_", plain(label)).strip("._") or "run")
+    return "soakd." + (CLASS_UNSAFE.sub("_", plain(label)).strip("._") or "run")
 
 
 def _body(c: CriterionResult) -> str:

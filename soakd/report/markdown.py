@@ -1,7 +1,7 @@
 """The Markdown report: short enough for a pull-request comment.
 
 Text from the run (its name, reasons, error messages in details, warnings and hints) is
-escaped by ``_cell``: no raw HTML reaches the page, and no ``|`` or newline breaks a table.
+escaped by ``md_cell``: no raw HTML reaches the page, and no ``|`` or newline breaks a table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from soakd.report.summary import RunSummary, summarize
 from soakd.report.text import plain
 
 _ICON = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "n/a": "➖"}
-_BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}
+BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}
 
 
 def _html(text: str) -> str:
@@ -21,7 +21,7 @@ def _html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _cell(text: str) -> str:
+def md_cell(text: str) -> str:
     """``text`` as inert Markdown on one line: ANSI codes and controls made visible
     (``soakd.report.text.plain``), ``& < >`` as HTML entities, ``|`` escaped, line breaks
     as spaces."""
@@ -66,7 +66,7 @@ def numbers_section(s: RunSummary) -> list[str]:
         f"{_count(c.get('measured'))} measured, {_count(c.get('drops'))} drops, "
         f"{_count(c.get('stale'))} stale, {_count(c.get('errors'))} errors",
         "",
-        f"**Environment:** {_cell(s.environment_line())}",
+        f"**Environment:** {md_cell(s.environment_line())}",
         "",
         "<details><summary>Config</summary>",
         "",
@@ -83,25 +83,26 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
     m = data.meta
     dur = f"{m.duration_s:.0f} s" if m.duration_s is not None else "?"
     lines = [
-        f"## soakd verdict: {_BADGE.get(verdict.status, verdict.status)}",
+        f"## soakd verdict: {BADGE.get(verdict.status, verdict.status)}",
         "",
-        f"Run `{m.run_id}`{f' ({_cell(m.name)})' if m.name else ''}: "
-        f"{_cell(m.workload_kind or '?')} workload on {_cell(m.device or 'cpu')}, {dur}"
+        f"Run `{m.run_id}`{f' ({md_cell(m.name)})' if m.name else ''}: "
+        f"{md_cell(m.workload_kind or '?')} workload on {md_cell(m.device or 'cpu')}, {dur}"
         f"{f' at {m.fps:g} fps' if m.fps else ''}, {verdict.window.get('measured_frames', 0)}"
         f" measured frames, exit code {int(verdict.exit_code)}.",
         "",
     ]
     if verdict.status != "PASS":
-        lines += [f"**Reason:** {_cell(verdict.reason)}", ""]
+        lines += [f"**Reason:** {md_cell(verdict.reason)}", ""]
     lines += ["| | criterion | value | threshold | unit | detail |", "|---|---|---:|---:|---|---|"]
     for c in verdict.criteria:
         lines.append(
-            f"| {_ICON.get(c.status, c.status)} | {_cell(c.criterion)} | {_num(c.value, c.unit)} | "
-            f"{_num(c.threshold, c.unit)} | {c.unit} | {_cell(c.detail)} |"
+            f"| {_ICON.get(c.status, c.status)} | {md_cell(c.criterion)} | "
+            f"{_num(c.value, c.unit)} | {_num(c.threshold, c.unit)} | {c.unit} | "
+            f"{md_cell(c.detail)} |"
         )
     lines += numbers_section(summarize(data, verdict))
     if verdict.warnings:
-        lines += ["", "**Warnings**", ""] + [f"- {_cell(w)}" for w in verdict.warnings]
+        lines += ["", "**Warnings**", ""] + [f"- {md_cell(w)}" for w in verdict.warnings]
     if verdict.hints:
-        lines += ["", "**Diagnosis**", ""] + [f"- {_cell(h)}" for h in verdict.hints]
+        lines += ["", "**Diagnosis**", ""] + [f"- {md_cell(h)}" for h in verdict.hints]
     return "\n".join(lines) + "\n"
