@@ -6,6 +6,8 @@ for importing torch). GPU facts come from NVML when it is there; otherwise they 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import platform
 import sys
@@ -36,30 +38,79 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def gpu_facts(device_index: int = 0) -> dict[str, Any]:
-    facts: dict[str, Any] = {"gpu_name": None, "driver": None, "cuda_driver": None}
-    try:
-        import pynvml
+class GpuUnavailable(Exception):
+    """Why a CUDA ordinal has no NVML device here (one line)."""
 
-        pynvml.nvmlInit()
+
+def visible_device(ordinal: int, env: str | None) -> str | int:
+    """The NVML index (int) or UUID prefix (str) behind CUDA ordinal ``ordinal`` given
+    ``CUDA_VISIBLE_DEVICES`` = ``env`` (None: unset, every device is visible in order)."""
+    if env is None:
+        return ordinal
+    entries = []
+    for raw in env.split(","):
+        entry = raw.strip()
+        if not entry or entry.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        entries.append(entry)
+    if ordinal >= len(entries):
+        raise GpuUnavailable(
+            f"cuda:{ordinal} is not visible (CUDA_VISIBLE_DEVICES={env!r} shows "
+            f"{len(entries)} device{'s' if len(entries) != 1 else ''})"
+        )
+    entry = entries[ordinal]
+    return int(entry) if entry.isdigit() else entry
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_handle(nvml: Any, ordinal: int, env: str | None) -> Any:
+    """The NVML device handle of CUDA ordinal ``ordinal`` under ``CUDA_VISIBLE_DEVICES`` =
+    ``env``: the one owner of "which physical GPU is cuda:N" (Slurm's ``--gpus`` binding,
+    a systemd instance's env file), for the telemetry and the run's environment alike."""
+    want = visible_device(ordinal, env)
+    count = nvml.nvmlDeviceGetCount()
+    if count == 0:
+        raise GpuUnavailable("NVML sees no GPU")
+    if isinstance(want, int):
+        if want >= count:
+            raise GpuUnavailable(f"GPU index {want} not found (NVML sees {count})")
+        return nvml.nvmlDeviceGetHandleByIndex(want)
+    # a UUID or a unique UUID prefix, as CUDA accepts it
+    for i in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        if _decode(nvml.nvmlDeviceGetUUID(handle)).startswith(want):
+            return handle
+    with contextlib.suppress(nvml.NVMLError):  # e.g. a MIG instance UUID
+        return nvml.nvmlDeviceGetHandleByUUID(want)
+    raise GpuUnavailable(f"no GPU with UUID {want!r} (from CUDA_VISIBLE_DEVICES)")
+
+
+def gpu_facts(ordinal: int = 0, nvml: Any = None) -> dict[str, Any]:
+    """Name, UUID, driver and CUDA driver of the GPU that is CUDA ordinal ``ordinal`` in this
+    process (through ``CUDA_VISIBLE_DEVICES``, as the NVML probe picks it); None values and
+    ``gpu_error`` saying why when there is none. ``nvml``: the ``pynvml`` module (tests)."""
+    facts: dict[str, Any] = dict.fromkeys(("gpu_name", "gpu_uuid", "driver", "cuda_driver"))
+    try:
+        nvml = nvml or importlib.import_module("pynvml")
+        nvml.nvmlInit()
     except Exception as exc:  # no library, no driver, no GPU
         facts["gpu_error"] = f"{type(exc).__name__}: {exc}"[:200]
         return facts
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-        name = pynvml.nvmlDeviceGetName(h)
-        facts["gpu_name"] = name.decode() if isinstance(name, bytes) else name
-        drv = pynvml.nvmlSystemGetDriverVersion()
-        facts["driver"] = drv.decode() if isinstance(drv, bytes) else drv
-        cv = pynvml.nvmlSystemGetCudaDriverVersion()
+        h = nvml_handle(nvml, ordinal, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        facts["gpu_name"] = _decode(nvml.nvmlDeviceGetName(h))
+        facts["gpu_uuid"] = _decode(nvml.nvmlDeviceGetUUID(h))
+        facts["driver"] = _decode(nvml.nvmlSystemGetDriverVersion())
+        cv = nvml.nvmlSystemGetCudaDriverVersion()
         facts["cuda_driver"] = f"{cv // 1000}.{(cv % 1000) // 10}"
     except Exception as exc:
         facts["gpu_error"] = f"{type(exc).__name__}: {exc}"[:200]
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
     return facts
 
 
@@ -99,7 +150,9 @@ def cgroup_memory_limit(
     return None
 
 
-def collect(*, gpu: bool = True) -> dict[str, Any]:
+def collect(*, gpu: bool = True, ordinal: int = 0) -> dict[str, Any]:
+    """Facts about this host and process; with ``gpu``, those of CUDA ordinal ``ordinal``
+    (the workload's device, as CUDA_VISIBLE_DEVICES maps it)."""
     env: dict[str, Any] = {
         "host": os.uname().nodename,
         "platform": platform.platform(),
@@ -120,5 +173,5 @@ def collect(*, gpu: bool = True) -> dict[str, Any]:
     if torch is not None:
         env["torch_cuda"] = getattr(torch.version, "cuda", None)
     if gpu:
-        env.update(gpu_facts())
+        env.update(gpu_facts(ordinal))
     return env

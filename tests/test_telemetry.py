@@ -15,17 +15,15 @@ import numpy as np
 import pytest
 
 from soakd.clock import FakeClock, MonotonicClock
+from soakd.environment import GpuUnavailable, nvml_handle, visible_device
 from soakd.records import SAMPLE_FIELDS, Event, Sample
 from soakd.telemetry.probes import (
-    GpuUnavailable,
     NvmlProbe,
     ProcessProbe,
     TorchCudaProbe,
     Values,
     cuda_ordinal,
     default_probes,
-    nvml_handle,
-    visible_device,
 )
 from soakd.telemetry.sampler import THREAD_NAME, Sampler
 

@@ -25,6 +25,7 @@ from soakd.analysis import judge_run
 from soakd.analysis.model import Verdict
 from soakd.clock import Clock, MonotonicClock
 from soakd.config import Settings
+from soakd.environment import GpuUnavailable
 from soakd.environment import collect as collect_environment
 from soakd.errors import SoakdError, UsageError
 from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResult
@@ -40,7 +41,7 @@ from soakd.sources.audio import AudioSource, make_audio_source
 from soakd.sources.base import Source
 from soakd.store import db as store
 from soakd.store import runs
-from soakd.telemetry.probes import default_probes
+from soakd.telemetry.probes import cuda_ordinal, default_probes
 from soakd.telemetry.sampler import Sampler
 from soakd.workloads.base import Workload, WorkloadContext, WorkloadError
 from soakd.workloads.registry import build_workload
@@ -277,7 +278,7 @@ class Run:
         workload: Workload,
         load_s: float,
     ) -> RunResult:
-        env = collect_environment()
+        env = collect_environment(ordinal=_gpu_ordinal(self.settings))
         self.t0_ns = self.clock.now_ns()
         runs.open_run(conn, self._new_run(workload, source, load_s, env), self.clock.wall())
         self.writer = store.StoreWriter(self.db_path, self.run_id)
@@ -719,3 +720,11 @@ def run_soak(
         clock=clock,
         judge=judge,
     ).execute()
+
+
+def _gpu_ordinal(settings: Settings) -> int:
+    """The CUDA ordinal of the workload's device (``cuda:1`` -> 1), 0 when it has none."""
+    try:
+        return cuda_ordinal(getattr(settings.workload, "device", None))
+    except GpuUnavailable:
+        return 0

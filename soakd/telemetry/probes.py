@@ -29,6 +29,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
+from soakd.environment import GpuUnavailable, nvml_handle
+
 Values = dict[str, float | int | None]
 
 
@@ -71,10 +73,6 @@ class ProcessProbe:
 # NVML
 
 
-class GpuUnavailable(Exception):
-    """Why the GPU columns will be NULL (one line)."""
-
-
 def cuda_ordinal(device: str | None) -> int:
     """``'cuda'`` -> 0, ``'cuda:1'`` -> 1; anything else raises ``GpuUnavailable``."""
     if device is None:
@@ -83,50 +81,6 @@ def cuda_ordinal(device: str | None) -> int:
     if not m:
         raise GpuUnavailable(f"device {device!r} is not CUDA")
     return int(m.group(1) or 0)
-
-
-def visible_device(ordinal: int, env: str | None) -> str | int:
-    """The NVML index (int) or UUID prefix (str) behind CUDA ordinal ``ordinal`` given
-    ``CUDA_VISIBLE_DEVICES`` = ``env`` (None: unset, every device is visible in order)."""
-    if env is None:
-        return ordinal
-    entries = []
-    for raw in env.split(","):
-        entry = raw.strip()
-        if not entry or entry.startswith("-"):
-            break  # CUDA stops at the first invalid entry
-        entries.append(entry)
-    if ordinal >= len(entries):
-        raise GpuUnavailable(
-            f"cuda:{ordinal} is not visible (CUDA_VISIBLE_DEVICES={env!r} shows "
-            f"{len(entries)} device{'s' if len(entries) != 1 else ''})"
-        )
-    entry = entries[ordinal]
-    return int(entry) if entry.isdigit() else entry
-
-
-def _decode(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def nvml_handle(nvml: Any, ordinal: int, env: str | None) -> Any:
-    """The NVML device handle of CUDA ordinal ``ordinal`` under ``CUDA_VISIBLE_DEVICES``."""
-    want = visible_device(ordinal, env)
-    count = nvml.nvmlDeviceGetCount()
-    if count == 0:
-        raise GpuUnavailable("NVML sees no GPU")
-    if isinstance(want, int):
-        if want >= count:
-            raise GpuUnavailable(f"GPU index {want} not found (NVML sees {count})")
-        return nvml.nvmlDeviceGetHandleByIndex(want)
-    # a UUID or a unique UUID prefix, as CUDA accepts it
-    for i in range(count):
-        handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        if _decode(nvml.nvmlDeviceGetUUID(handle)).startswith(want):
-            return handle
-    with contextlib.suppress(nvml.NVMLError):  # e.g. a MIG instance UUID
-        return nvml.nvmlDeviceGetHandleByUUID(want)
-    raise GpuUnavailable(f"no GPU with UUID {want!r} (from CUDA_VISIBLE_DEVICES)")
 
 
 class NvmlProbe:
