@@ -19,10 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from soakd.analysis.model import CriterionResult, Verdict
-from soakd.config import Settings
+from soakd.config import RESERVED_LABELS, Settings
 from soakd.errors import UsageError
 from soakd.observers.base import Progress, RunInfo, RunResult
 from soakd.observers.metrics import (
+    METRIC_LABELS,
+    RUN_LABELS,
     CriterionRow,
     MetricsObserver,
     MetricsServer,
@@ -149,6 +151,68 @@ def test_frames_samples_progress_and_verdict_are_exported(server: MetricsServer)
         data, "soakd_criterion_value", criterion="memory_growth", unit="bytes_per_second"
     ) == pytest.approx(9.5 * 2**20 / 60)
     assert value(data, "soakd_criterion_threshold", criterion="drops") == 0.05
+
+
+def test_a_labelled_runs_every_series_carries_its_labels(
+    server: MetricsServer,
+) -> None:
+    """[run.labels] are labels of every soakd series, beside run, config and gpu."""
+    obs = MetricsObserver(server)
+    info = _info()
+    info.settings = Settings.model_validate(
+        {"run": {"fps": 4, "labels": {"release": "1.4.0", "cell": "h200-bf16"}}}
+    )
+    obs.on_run_start(info)
+    obs.on_frame(_frame(0))
+    obs.on_sample(Sample(0, 0.1, 0.0, 0.0, 0.1, {"rss_bytes": 1000}))
+    obs.on_event(Event("stall", 5.0, 0.0, "no frame"))
+    obs.on_progress(Progress(1.0, 59.0, 1, 1, 1.0, 0, 0, 0, 4.0))
+    obs.on_run_end(RunResult("run-1", "completed", None, 60.0, {}, "PASS", 0))
+    with urllib.request.urlopen(server.url, timeout=10) as resp:
+        text = resp.read().decode()
+    families = list(text_string_to_metric_families(text))
+    samples = [smp for fam in families for smp in fam.samples]
+    assert len(families) > 20 and all(fam.name.startswith("soakd_") for fam in families)
+    assert samples and all(
+        smp.labels["release"] == "1.4.0" and smp.labels["cell"] == "h200-bf16" for smp in samples
+    )
+    frames = next(smp for smp in samples if smp.name == "soakd_frames_total")
+    assert frames.labels == {
+        "run": "run-1", "config": "abc123", "gpu": "NVIDIA H200",
+        "cell": "h200-bf16", "release": "1.4.0",
+    }  # fmt: skip
+
+
+def test_a_run_with_other_label_names_replaces_the_metrics() -> None:
+    """A second run on the same observer with other label names is exported with its own
+    names, the first run's series gone (one metric has one set of label names)."""
+    obs = MetricsObserver()
+    obs.on_run_start(_info())
+    info = _info()
+    info.run_id = "run-2"
+    info.settings = Settings.model_validate({"run": {"fps": 4, "labels": {"release": "2"}}})
+    obs.on_run_start(info)
+    lbl = {"run": "run-2", "config": "abc123", "gpu": "NVIDIA H200", "release": "2"}
+    assert obs.registry.get_sample_value("soakd_target_frames_per_second", lbl) == 4
+    assert (
+        obs.registry.get_sample_value(
+            "soakd_target_frames_per_second",
+            {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200"},
+        )
+        is None
+    )
+
+
+def test_every_label_name_of_soakd_series_is_reserved_from_run_labels() -> None:
+    """A run label cannot collide with a label soakd's own series carry: config rejects it."""
+    assert {*RUN_LABELS, *METRIC_LABELS} <= RESERVED_LABELS
+    obs = MetricsObserver()
+    obs.on_run_start(_info())
+    obs.on_frame(_frame(0))
+    obs.on_event(Event("stall", 5.0, 0.0, "no frame"))
+    obs.set_verdict("PASS", [CriterionRow("c", "pass", 1.0, 2.0, "ms")])
+    used = {k for m in obs.registry.collect() for smp in m.samples for k in smp.labels}
+    assert used - {"le"} <= {*RUN_LABELS, *METRIC_LABELS}
 
 
 def test_unknown_telemetry_after_known_becomes_nan(server: MetricsServer) -> None:
@@ -346,10 +410,11 @@ PROMETHEUS_DOCS = Path(__file__).resolve().parent.parent / "docs" / "prometheus"
     reason="promtool not installed (Debian 'prometheus'; `bash .ci/setup --test` installs it)",
 )
 def test_documented_alert_rules_fire_on_the_patterns_they_name() -> None:
-    """promtool accepts alerts.yml and its unit tests: rising age, drops, floor growth fire,
-    a flat age, a 1 % drop rate and a pure allocator sawtooth do not."""
+    """promtool accepts alerts.yml, recording.yml and their unit tests: rising age, drops,
+    floor growth fire, a flat age, a 1 % drop rate and a pure allocator sawtooth do not; the
+    recorded quantiles, drop share and floor are what they name, labels kept."""
     for args in (
-        ["check", "rules", "alerts.yml"],
+        ["check", "rules", "alerts.yml", "recording.yml"],
         ["test", "rules", "alerts_test.yml"],
     ):
         proc = subprocess.run(
@@ -427,10 +492,13 @@ def test_soakd_run_with_metrics_port_0_prints_the_port_it_serves_on(tmp_path: Pa
                 break
         assert lines, "soakd wrote nothing on stderr"
         port = int(lines[-1].split("metrics on http://127.0.0.1:", 1)[1].split("/", 1)[0])
-        deadline = time.monotonic() + 20  # the exporter is up before the run row exists
-        while not (data := scrape(f"http://127.0.0.1:{port}/metrics")):
+        # the exporter is up before the run row exists; the run's series follow at its start
+        url, deadline = f"http://127.0.0.1:{port}/metrics", time.monotonic() + 60
+        data = scrape(url)
+        while not any(n == "soakd_run_status" for n, _ in data):
             assert time.monotonic() < deadline, "the run's metrics never appeared"
             time.sleep(0.2)
+            data = scrape(url)
         assert value(data, "soakd_run_status", status="running") == 1
         rest = proc.stderr.read()
         assert proc.wait(timeout=60) in (0, 1, 3), rest

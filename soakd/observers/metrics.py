@@ -4,7 +4,10 @@
 on a named thread (``soakd-metrics``); ``MetricsObserver`` fills that registry from the
 runner's hooks. Everything is in base units (``_seconds``, ``_bytes``, ``_total``, ratios
 0..1) and labelled with ``run`` (run id), ``config`` (config hash) and ``gpu`` (GPU name, or
-``none``), so that one Prometheus can watch many ``soakd@`` units across GPU hosts.
+``none``), then the run's own labels (``[run.labels]`` / ``--label``, e.g. ``release``) in
+name order, so that one Prometheus can watch many ``soakd@`` units across GPU hosts and a
+dashboard can select ``release="1.4.0"``. Run labels are constant for a run, so they add no
+series beyond the run's own; the host is Prometheus's ``instance`` label, not soakd's.
 
 Metric                                           type       extra labels
 -----------------------------------------------  ---------  ----------------------------
@@ -73,6 +76,11 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 RUN_LABELS: tuple[str, ...] = ("run", "config", "gpu")
+#: the labels some series carry beside the run's: a run label may take none of these names
+#: (soakd.config.RESERVED_LABELS holds them all, so a bad name is a config error)
+METRIC_LABELS: tuple[str, ...] = (
+    "stage", "kind", "status", "name", "workload", "hostname", "verdict", "criterion", "unit",
+)  # fmt: skip
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "aborted", "crashed")
 VERDICTS: tuple[str, ...] = ("PASS", "FAIL", "INVALID")
 CRITERION_STATUSES: tuple[str, ...] = ("pass", "fail", "invalid", "n/a")
@@ -337,11 +345,26 @@ class MetricsObserver(Observer):
         self._last_drops = 0
         self._last_stale = 0
         self._sample_children: dict[str, Any] = {}
-        self._define()
+        self._label_names: tuple[str, ...] | None = None
+        self._own: CollectorRegistry | None = None
 
-    # --- definitions (once)
-    def _define(self) -> None:
-        r, lbl = self.registry, RUN_LABELS
+    # --- definitions (once per set of label names)
+    def _define(self, lbl: tuple[str, ...]) -> None:
+        """Define every metric with the label names ``lbl``: a metric's label names are fixed
+        when it is made, and a run's own labels are known only when it starts. The metrics
+        live in a registry of their own, served as one collector of ``self.registry``; the
+        same names keep them (a second run adds its series beside the first's), other names
+        replace them."""
+        if lbl == self._label_names:
+            return
+        if self._own is not None:
+            self.registry.unregister(self._own)
+        self._own = CollectorRegistry()
+        self._make(self._own, lbl)
+        self.registry.register(self._own)
+        self._label_names = lbl
+
+    def _make(self, r: CollectorRegistry, lbl: tuple[str, ...]) -> None:
         self.stage_latency = Histogram(
             "soakd_stage_latency_seconds", "Latency of each stage of a frame.",
             [*lbl, "stage"], buckets=LATENCY_BUCKETS, registry=r,
@@ -399,7 +422,10 @@ class MetricsObserver(Observer):
 
     # --- hooks
     def on_run_start(self, info: RunInfo) -> None:
+        own = info.settings.run.labels
         lv = {"run": info.run_id, "config": info.config_hash, "gpu": info.gpu_name or "none"}
+        lv.update((k, own[k]) for k in sorted(own))
+        self._define(tuple(lv))
         self._labels = lv
         if self.linger_s is None:
             self.linger_s = float(getattr(info.settings.service, "metrics_linger_s", 0.0))
