@@ -28,6 +28,7 @@ BENCHMARKS: tuple[str, ...] = (
     "sampler",
     "telemetry_overhead",
     "verdict",
+    "dbsize",
     "leak",
 )
 

@@ -101,7 +101,7 @@ def _check_factory(v: str) -> str:
 # Label names that soakd's own Prometheus series already carry: a run label may not shadow one
 RESERVED_LABELS = frozenset(
     {"run", "config", "gpu", "uuid", "stage", "criterion", "status", "kind", "stream", "job",
-     "instance", "le", "quantile"}
+     "instance", "le", "quantile", "name", "workload", "hostname", "verdict", "unit"}
 )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ target is met: timing targets are reported in docs/benchmarks.md, not asserted h
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -72,14 +73,25 @@ def test_store_quick(tmp_path: Path) -> None:
 
 
 def test_overhead_quick(tmp_path: Path) -> None:
-    """bench.overhead --quick reports soakd's and the bare loop's per-frame cost and the gap."""
+    """bench.overhead --quick reports soakd's and the bare loop's per-frame cost and the gap,
+    and LoadGen's null SUT timed in the same run with soakd's cost as a ratio of it (without
+    mlperf_loadgen it says so and still reports soakd)."""
     doc = _run_module("overhead", tmp_path / "overhead.json")
     _check_well_formed(doc, "overhead")
-    m = doc["metrics"]
+    m, notes = doc["metrics"], " ".join(doc["notes"])
     assert m["bare_us_per_frame"] > 0 and m["soakd_us_per_frame"] > 0
     assert m["added_us_per_frame"] == pytest.approx(
         m["soakd_us_per_frame"] - m["bare_us_per_frame"]
     )
+    assert ("run.streams does not exist yet" in notes) != ("soakd_us_per_frame_4_streams" in m)
+    if importlib.util.find_spec("mlperf_loadgen") is None:
+        assert "mlperf_loadgen is not installed" in notes and "ratio_vs_loadgen" not in m
+        return
+    assert m["loadgen_us_per_query"] > 0 and all("loadgen_us_median" in r for r in doc["rows"])
+    assert m["ratio_vs_loadgen"] == pytest.approx(
+        m["soakd_us_per_frame"] / m["loadgen_us_per_query"]
+    )
+    assert any(t["name"].startswith("soakd per-frame / LoadGen") for t in doc["targets"])
 
 
 def test_pacing_quick(tmp_path: Path) -> None:
@@ -121,6 +133,19 @@ def test_verdict_quick(tmp_path: Path) -> None:
     # the 10x longer one is testable and passes
     assert [r["verdict"] for r in doc["rows"]] == ["INVALID", "PASS"]
     assert (tmp_path / "verdict-120s.db").exists()
+
+
+def test_dbsize_quick(tmp_path: Path) -> None:
+    """bench.dbsize --quick measures bytes per frame and per sample (soakd, the plain-table
+    baseline, a VACUUMed copy, a real soak), projects run sizes and times a prune."""
+    doc = _run_module("dbsize", tmp_path / "dbsize.json")
+    _check_well_formed(doc, "dbsize")
+    m = doc["metrics"]
+    assert m["bytes_per_frame"] > 0 and m["bytes_per_sample_gpu"] > m["bytes_per_sample_cpu"]
+    assert m["projected_gb_7_days"] > m["projected_gb_24_h"] > m["projected_gb_10_min"]
+    assert m["prune_file_mb_after"] < m["prune_file_mb_before"]
+    kinds = {r["database"] for r in doc["rows"]}
+    assert {"soakd", "raw", "vacuumed", "real soak 3 s", "projected 7 days"} <= kinds
 
 
 def test_leak_measure_short(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from soakd.config import ConfigError, load_settings
 from soakd.store import db as store
 from soakd.store import runs
 
-from .conftest import make_run, run_cli
+from .conftest import SYNTH_CLI, make_run, run_cli
 
 
 def _labelled(conn: sqlite3.Connection, labels: dict[str, str]) -> str:
@@ -58,8 +58,8 @@ def test_list_runs_filters_on_labels(tmp_path: Path) -> None:
 
 def test_run_label_is_stored_and_runs_label_filters_it(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
-    r = run_cli("run", "--db", db, "--duration", "2s", "--no-live", "--set", "run.warmup_s=0",
-                "--label", "release=1.4.0", "-l", "model=tiny", "--set", "run.fps=4")  # fmt: skip
+    r = run_cli("run", "--db", db, "--duration", "2s", "--no-live", *SYNTH_CLI,
+                "--label", "release=1.4.0", "-l", "model=tiny")  # fmt: skip
     assert r.returncode in (0, 3), r.stderr
     hit = run_cli("runs", "--db", db, "--label", "release=1.4.0", "-f", "json")
     miss = run_cli("runs", "--db", db, "--label", "release=1.3.0", "-f", "json")

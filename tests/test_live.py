@@ -94,6 +94,29 @@ def test_rolling_p95_and_max_come_from_the_recent_frames() -> None:
     assert r.p95("infer") == 95.0
 
 
+def test_rolling_windows_hold_the_newest_values_whenever_they_are_read() -> None:
+    """Each window holds the newest values (up to its size) of the frames that have one,
+    skipped frames in none, whether it is read every frame, now and then or only at the end."""
+    frames = []
+    for i in range(10 * 256):  # the last fold of a frame budget ends on a full batch
+        f = _frame(i, infer=float(i), warmup=i < 200)
+        f.infer_ms = None if i % 3 == 0 else f.infer_ms
+        f.skipped = i % 10 == 0
+        frames.append(f)
+    live = [f for f in frames if not f.skipped]
+    for every in (1, 97, 10**6):
+        r = Rolling()
+        for i, f in enumerate(frames):
+            r.add(f)
+            if i % every == 0:
+                r.median("infer")
+        assert r.max("infer") is not None
+        assert list(r.vals["infer"]) == [f.infer_ms for f in live if f.infer_ms is not None][-128:]
+        assert list(r.done_times) == [f.t_done for f in live][-4096:]
+        judged = [f.infer_ms for f in live if not f.warmup and f.infer_ms is not None]
+        assert list(r.judged_infer) == judged[-128:]
+
+
 def test_infer_spikes_fail_jitter_so_far_and_a_steady_run_fails_nothing() -> None:
     """More frames over k x median than allowed shows as failing jitter, labelled so far."""
     crit = load_settings().criteria

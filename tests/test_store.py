@@ -293,3 +293,37 @@ def test_measured_frames_view_matches_the_verdict_of_a_real_run(tmp_path: Path) 
     (n,) = conn.execute("SELECT count(*) FROM measured_frames").fetchone()
     (summary_n,) = conn.execute("SELECT measured_frames FROM run_summary").fetchone()
     assert n == summary_n == res.verdict.window["measured_frames"] > 50
+
+
+def test_writer_stores_every_record_exactly_in_any_batch_size(db_path: Path) -> None:
+    """Every frame, sample and event put into the writer is stored with exactly the values
+    it carried (NULLs, flags, extra JSON), however the rows split into statements and
+    flushes; a frame put again later replaces the earlier row, as in put order."""
+    conn = store.connect(db_path)
+    make_run(conn, id="r1", status="running")
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.05, max_batch=300)
+    w.start()
+    frames = [
+        FrameRecord(
+            frame_id=i, t_sched=i / 30, t_capture=i / 30 + 1e-4, t_dispatch=None if i % 7 else i,
+            t_done=i + 0.5, lateness_ms=0.1 * i, grab_ms=1.5, pre_ms=None if i % 3 else 2.0,
+            infer_ms=float(i), out_tokens=i % 5 or None, error="boom" if i % 11 == 0 else None,
+            first=i == 0, warmup=i < 10, skipped=i % 13 == 0,
+            extra={"i": i} if i % 17 == 0 else None,
+        )
+        for i in range(1263)  # not a multiple of any statement size
+    ]  # fmt: skip
+    samples = [Sample(seq=k, t=k * 0.15, wall=1.0, lag_ms=0.0, tick_ms=0.1) for k in range(37)]
+    again = FrameRecord(5, 9.0, 9.0, 9.0, 9.0, 0.0, 0.0, infer_ms=-1.0)  # right after frame 5
+    for rec in (*frames[:6], again, *frames[6:], *samples):
+        w.put(rec)
+    w.put(Event("error", 0.2, 1.0, "boom", frame_id=3, data={"a": 1}))
+    w.close()
+    assert w.error is None
+    stored = conn.execute("SELECT * FROM frames WHERE run_id = 'r1' ORDER BY frame_id")
+    expected = [store.frame_row("r1", again if r.frame_id == 5 else r) for r in frames]
+    assert [tuple(row) for row in stored] == expected
+    (n_samples,) = conn.execute("SELECT count(*) FROM samples WHERE run_id = 'r1'").fetchone()
+    assert n_samples == 37
+    events = conn.execute("SELECT kind, data FROM events WHERE run_id = 'r1'")
+    assert [tuple(e) for e in events] == [("error", '{"a":1}')]

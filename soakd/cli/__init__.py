@@ -32,6 +32,9 @@ _COMMAND_MODULES = (
     "soakd.cli.report",
     "soakd.cli.profile",
     "soakd.cli.export",
+    "soakd.cli.plan",
+    "soakd.cli.prune",
+    "soakd.cli.merge",
 )
 
 

@@ -163,6 +163,7 @@ class UnpacedGrab:
             self.on_end(exc)
             raise
         done = now()
-        frame = Frame(k, t, done, done - t, image, self._audio_chunk(k), ts, k * self.period_ns)
+        audio = self._audio_chunk(k) if self.audio is not None else None
+        frame = Frame(k, t, done, done - t, image, audio, ts, k * self.period_ns)
         self.captured += 1
         return frame

@@ -13,14 +13,16 @@
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import json
+import operator
 import queue
 import sqlite3
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,11 +43,26 @@ from soakd.store.schema import (
 
 BUSY_TIMEOUT_MS = 10_000
 SQLITE_BUSY, SQLITE_LOCKED = 5, 6
+#: how long the writer sleeps between two looks at its queue (records wait at most this long
+#: to become rows; rows are committed every ``flush_interval_s``), and how many records it
+#: turns into rows at a time, holding the GIL (about 0.3 ms)
+DRAIN_INTERVAL_S = 0.05
+DRAIN_CHUNK = 256
 # rows a writer keeps while another connection holds the lock (measured 0.35-0.41 KB each
 # in memory: about 400 MB at the bound)
 MAX_PENDING = 1_000_000
 
 _log = structlog.get_logger("soakd.store")
+
+# Binding None is the writer's most expensive step without this: CPython's sqlite3 (3.11)
+# has no adapter registered for NoneType, so each NULL parameter goes through a failed
+# adapter look-up (a key tuple, a dict miss, two attribute look-ups that raise and clear
+# AttributeError) before it binds NULL: about 0.4 µs, with the GIL held, and a frame row
+# has a dozen NULLs. With an adapter that returns None for None (an empty dict's ``get``, a
+# C call) the look-up hits at once and the same NULL is bound. Process-wide, and an
+# identity: every caller of sqlite3 in the process still binds NULL for None.
+_NOTHING: dict[None, None] = {}
+sqlite3.register_adapter(type(None), _NOTHING.get)
 
 
 class StoreError(RuntimeError):
@@ -287,19 +304,50 @@ def event_row(run_id: str, e: Event) -> tuple[Any, ...]:
     return (run_id, e.t, e.wall, e.kind, e.frame_id, e.message, _json(e.data))
 
 
-def _insert_sql(table: str, cols: Iterable[str]) -> str:
-    cols = list(cols)
-    return (
-        f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-    )
+#: rows per multi-row INSERT statement. sqlite3 releases the GIL around each statement's
+#: step, and a writer thread that wants it back waits up to the interpreter's switch
+#: interval (5 ms) behind a busy driver thread: with one statement per row
+#: (``executemany``) the writer fell behind by that wait on every row (a 5000-row flush took
+#: seconds while frames came). More rows per statement hold the GIL longer while bound (tens
+#: of µs for 32 frame rows: the driver waits that long). A flush's rows go 32 at a time,
+#: and the rest (fewer than 32: all of them at a paced 30 fps) one statement each as before,
+#: so each table has two statement shapes, prepared once (about 0.1 MB for the frames
+#: table's 32-row one): a shape prepared in the middle of a run would read as memory growth.
+ROWS_PER_STATEMENT = 32
 
-
-_SQL = {
-    FrameRecord: _insert_sql("frames", FRAME_COLUMNS),
-    Sample: _insert_sql("samples", SAMPLE_COLUMNS),
-    Emission: _insert_sql("emissions", EMISSION_COLUMNS),
-    Event: _insert_sql("events", EVENT_COLUMNS),
+_TABLES: dict[type, tuple[str, tuple[str, ...]]] = {
+    FrameRecord: ("frames", tuple(FRAME_COLUMNS)),
+    Sample: ("samples", tuple(SAMPLE_COLUMNS)),
+    Emission: ("emissions", tuple(EMISSION_COLUMNS)),
+    Event: ("events", tuple(EVENT_COLUMNS)),
 }
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_sql(table: str, cols: tuple[str, ...], rows: int) -> str:
+    """``INSERT OR REPLACE`` of ``rows`` rows in one statement (rows apply in order, as
+    one statement each would)."""
+    one = f"({', '.join('?' * len(cols))})"
+    return f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES {', '.join([one] * rows)}"
+
+
+def insert_rows(conn: sqlite3.Connection, kind: type, rows: Collection[tuple[Any, ...]]) -> None:
+    """Insert ``rows`` of a record ``kind``, in order: ROWS_PER_STATEMENT at a time, the
+    rest one by one."""
+    table, cols = _TABLES[kind]
+    per = max(1, min(ROWS_PER_STATEMENT, _max_variables(conn) // len(cols)))
+    it = iter(rows)
+    for _ in range(len(rows) // per if per > 1 else 0):
+        params = list(itertools.chain.from_iterable(itertools.islice(it, per)))
+        conn.execute(_insert_sql(table, cols, per), params)
+    conn.executemany(_insert_sql(table, cols, 1), it)
+
+
+def _max_variables(conn: sqlite3.Connection) -> int:
+    """How many ``?`` parameters one statement may have on this SQLite build."""
+    return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+
+
 _ROW: dict[type, Callable[[str, Any], tuple[Any, ...]]] = {
     FrameRecord: frame_row,
     Sample: sample_row,
@@ -315,17 +363,21 @@ _KIND = {FrameRecord: "frames", Sample: "samples", Emission: "emissions", Event:
 
 
 class _Pending:
-    """Records not yet committed, by type, at most ``limit`` of them; what had to be dropped
-    to stay within the bound is counted by kind."""
+    """Rows not yet committed, by record type, at most ``limit`` of them; what had to be
+    dropped to stay within the bound is counted by kind. Records become rows as they are
+    added: a row of plain values is one object the garbage collector stops scanning, where a
+    record waiting for the flush would be scanned by every collection until then."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, run_id: str, limit: int) -> None:
+        self.run_id = run_id
         self.limit = limit
-        self.rows: dict[type, deque[Any]] = {t: deque() for t in _ROW}
+        self.rows: dict[type, deque[tuple[Any, ...]]] = {t: deque() for t in _ROW}
         self.n = 0
         self.dropped: Counter[str] = Counter()
 
     def add(self, rec: Any) -> None:
-        self.rows[type(rec)].append(rec)
+        kind = type(rec)
+        self.rows[kind].append(_ROW[kind](self.run_id, rec))
         self.n += 1
         if self.n > self.limit:
             for t in _DROP_ORDER:
@@ -339,6 +391,15 @@ class _Pending:
         for d in self.rows.values():
             d.clear()
         self.n = 0
+
+
+#: each record type's run time (seconds since the run's start), for ``StoreWriter._track``
+_RUN_TIME: dict[type, Callable[[Any], float | None]] = {
+    FrameRecord: operator.attrgetter("t_capture"),
+    Sample: operator.attrgetter("t"),
+    Emission: operator.attrgetter("t_emit"),
+    Event: operator.attrgetter("t"),
+}
 
 
 class StoreWriter:
@@ -371,9 +432,10 @@ class StoreWriter:
         self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
         self.max_backoff_s = max_backoff_s
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pending = _Pending(max_pending)
+        self._pending = _Pending(run_id, max_pending)
         self._thread = threading.Thread(target=self._loop, name="soakd-store", daemon=True)
         self._abandon = threading.Event()
+        self._wake = threading.Event()  # set by close(): the sentinel is queued
         self.error: BaseException | None = None
         self.rows_written = 0
         self.flushes = 0
@@ -393,6 +455,7 @@ class StoreWriter:
         """Flush everything queued and stop the thread. If the database is still locked
         ``timeout`` seconds later, give up and set ``error``: those rows are lost."""
         self._q.put(self._STOP)
+        self._wake.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
             self._abandon.set()
@@ -437,29 +500,36 @@ class StoreWriter:
                 deadline = now + self.flush_interval_s
 
     def _collect(self, deadline: float) -> bool:
-        """Move what is queued into the pending rows, waiting until ``deadline`` for the
-        first; True once the stop sentinel came. During a lock everything is drained, so the
-        bound on pending rows holds."""
-        try:
-            item = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            return False
-        while True:
+        """Move up to DRAIN_CHUNK queued records into the pending rows, after sleeping
+        (until ``deadline``, at most DRAIN_INTERVAL_S) when none is queued; True once the
+        stop sentinel came. During a lock everything is drained, chunk by chunk, so the
+        bound on pending rows holds.
+
+        The writer sleeps rather than wait for the next record: woken by every record, it
+        would ask for the GIL once per frame, and the driver would wait for its turn each
+        time. Between two chunks it lets go of the GIL (``sleep(0)``), so that the driver
+        never waits for more than one chunk's conversion."""
+        if self._q.empty():
+            self._wake.wait(max(0.0, min(deadline - time.monotonic(), DRAIN_INTERVAL_S)))
+        else:
+            time.sleep(0)
+        get = self._q.get_nowait
+        for _ in range(DRAIN_CHUNK):
+            try:
+                item = get()
+            except queue.Empty:
+                return False
             if item is self._STOP:
                 return True
             self._track(item)
             self._pending.add(item)
             if self._pending.n >= self.max_batch and self._locked_since is None:
                 return False
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                return False
+        return False
 
     def _track(self, rec: Any) -> None:
-        t = rec.t_capture if isinstance(rec, FrameRecord) else getattr(rec, "t", None)
-        if isinstance(rec, Emission):
-            t = rec.t_emit
+        """Keep the newest run time seen (the time of a ``store_locked`` event)."""
+        t = _RUN_TIME[type(rec)](rec)
         if t is not None and (self._last_t is None or t > self._last_t):
             self._last_t = t
 
@@ -517,14 +587,11 @@ class StoreWriter:
         _log.warning("run database writable again", path=str(self.path), **data, dropped=dropped)
 
     def _flush(self, conn: sqlite3.Connection) -> None:
-        rid = self.run_id
-        grouped = {
-            t: [_ROW[t](rid, rec) for rec in recs] for t, recs in self._pending.rows.items() if recs
-        }
         # atomic keeps the real error when SQLite already rolled back (SQLITE_FULL does)
         with atomic(conn):
-            for t, rows in grouped.items():
-                conn.executemany(_SQL[t], rows)
+            for t, rows in self._pending.rows.items():
+                if rows:
+                    insert_rows(conn, t, rows)
         self.rows_written += self._pending.n
         self.flushes += 1
         self._pending.clear()

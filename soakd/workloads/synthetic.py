@@ -59,6 +59,14 @@ class Synthetic:
         # lognormal with mean 1: exp(N(-sigma^2/2, sigma))
         self._mu = -0.5 * sigma * sigma
         self._sigma = sigma
+        # whether infer depends on the workload's age (memory, stall, drift): when it does
+        # not, a no-op infer reads no clock
+        self._aging = bool(
+            settings.leak_mb_per_min > 0
+            or settings.sawtooth_mb > 0
+            or settings.stall_after_s > 0
+            or settings.drift_ms_per_min
+        )
 
     # --- helpers
     def _elapsed(self) -> float:
@@ -98,19 +106,23 @@ class Synthetic:
         self._elapsed()
 
     def preprocess(self, frame: Frame) -> Any:
-        self._sleep(self._noisy(self.s.pre_ms))
+        if self.s.pre_ms > 0:  # a 0 ms stage draws no noise and does not sleep
+            self._sleep(self._noisy(self.s.pre_ms))
         return frame.id
 
     def infer(self, inputs: Any) -> Any:
         s = self.s
         self._n += 1
         n = self._n
-        elapsed = self._elapsed()
-        self._memory(elapsed)
-        if s.stall_after_s > 0 and elapsed >= s.stall_after_s:
-            self._closed.wait()  # blocks until close(): a hung model
-            raise SyntheticError("synthetic stall released by close()")
-        ms = self._noisy(s.infer_ms + s.drift_ms_per_min * elapsed / 60.0)
+        ms = s.infer_ms
+        if self._aging:
+            elapsed = self._elapsed()
+            self._memory(elapsed)
+            if s.stall_after_s > 0 and elapsed >= s.stall_after_s:
+                self._closed.wait()  # blocks until close(): a hung model
+                raise SyntheticError("synthetic stall released by close()")
+            ms += s.drift_ms_per_min * elapsed / 60.0
+        ms = self._noisy(ms)
         if s.spike_every and n % s.spike_every == 0:
             ms += s.spike_ms
         self._sleep(ms)
@@ -119,7 +131,8 @@ class Synthetic:
         return n
 
     def decode(self, outputs: Any) -> StageOutput:
-        self._sleep(self._noisy(self.s.decode_ms))
+        if self.s.decode_ms > 0:
+            self._sleep(self._noisy(self.s.decode_ms))
         return StageOutput(text=f"frame {outputs}", tokens=1)
 
     def sync(self) -> None:

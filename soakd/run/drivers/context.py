@@ -65,7 +65,12 @@ class DriverContext(Generic[W]):
     def frames(self, timeout: float = 0.1) -> Iterator[tuple[Frame, int]]:
         """Frames to dispatch (with the queue length when taken) until the run stops, the
         queue closes or, unpaced, the source ends: the loop head every driver shares."""
-        while not self.stop.is_set():
+        stopped, grab = self.stop.is_set, self.grab
+        if grab is not None:  # unpaced: the hot loop of a profile, kept to one call a frame
+            while not stopped():
+                yield grab(), 0
+            return
+        while not stopped():
             got = self.next_frame(timeout)
             if got is not None:
                 yield got
@@ -82,15 +87,19 @@ class DriverContext(Generic[W]):
         """A frame's record with the fields every driver fills the same way (times, lateness,
         grab, queue, age at ``t_taken``, drops, warm-up) and ``fields`` for the shape's own
         (stages, outputs, flags). ``dispatched=False``: skipped, never given to the model."""
-        fields.setdefault("warmup", frame.t_capture_ns < self.warmup_end_ns)
-        fields.setdefault("t_done", None)
-        fields.setdefault("drop_count", self.drops)
-        fields.setdefault("stale_count", self.counters.stale)
+        if "warmup" not in fields:
+            fields["warmup"] = frame.t_capture_ns < self.warmup_end_ns
+        if "drop_count" not in fields:
+            fields["drop_count"] = self.drops
+        if "stale_count" not in fields:
+            fields["stale_count"] = self.counters.stale
+        t0 = self.t0_ns
         return FrameRecord(
             frame_id=frame.id,
-            t_sched=self.s(frame.t_sched_ns),
-            t_capture=self.s(frame.t_capture_ns),
-            t_dispatch=self.s(t_taken) if dispatched else None,
+            t_sched=(frame.t_sched_ns - t0) / 1e9,
+            t_capture=(frame.t_capture_ns - t0) / 1e9,
+            t_dispatch=(t_taken - t0) / 1e9 if dispatched else None,
+            t_done=fields.pop("t_done", None),
             lateness_ms=(frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6,
             grab_ms=frame.grab_ns / 1e6,
             queue_len=qlen,

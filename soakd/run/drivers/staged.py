@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.records import Frame
+from soakd.records import Frame, FrameRecord, StageOutput
 from soakd.run.drivers.context import DriverContext
 from soakd.workloads.base import StagedWorkload
 
@@ -49,75 +49,88 @@ def _fail(ctx: DriverContext[StagedWorkload], exc: Exception, frame_id: int) -> 
     return error
 
 
-def _run_stages(
-    ctx: DriverContext[StagedWorkload], frame: Frame, t1: int
-) -> tuple[dict[str, Any], int]:
-    """preprocess -> infer -> decode from ``t1``: the record's stage fields and the end time."""
+#: what ``_run_stages`` returns: pre, infer, decode and total ms (None where a stage did not
+#: finish), the error (or None), the decoded output (or None) and the end time
+_Stages = tuple[float | None, float | None, float | None, float | None, str | None, Any, int]
+
+
+def _run_stages(ctx: DriverContext[StagedWorkload], frame: Frame, t1: int) -> _Stages:
+    """preprocess -> infer -> decode from ``t1``, each ended after ``sync()``."""
     wl, now = ctx.workload, ctx.clock.now_ns
-    f: dict[str, Any] = {"pre_ms": None, "infer_ms": None, "decode_ms": None, "total_ms": None}
-    out = None
+    pre = infer = decode = total = None
     try:
         inputs = wl.preprocess(frame)
         wl.sync()
         t2 = now()
-        f["pre_ms"] = (t2 - t1) / 1e6
+        pre = (t2 - t1) / 1e6
         outputs = wl.infer(inputs)
         wl.sync()
         t3 = now()
-        f["infer_ms"] = (t3 - t2) / 1e6
+        infer = (t3 - t2) / 1e6
         out = wl.decode(outputs)
         t4 = now()
-        f["decode_ms"] = (t4 - t3) / 1e6
-        f["total_ms"] = frame.grab_ns / 1e6 + (t4 - t1) / 1e6
+        decode = (t4 - t3) / 1e6
+        total = frame.grab_ns / 1e6 + (t4 - t1) / 1e6
     except Exception as exc:
         t4 = now()
-        f["error"] = _fail(ctx, exc, frame.id)
-    if out is not None:
-        f.update(
-            out_tokens=out.tokens,
-            vision_tokens=out.vision_tokens,
-            audio_tokens=out.audio_tokens,
-            extra=out.extra,
-            sample_output=out.text,
-        )
-    return f, t4
+        return pre, infer, decode, None, _fail(ctx, exc, frame.id), None, t4
+    return pre, infer, decode, total, None, out, t4
+
+
+def _skip(
+    ctx: DriverContext[StagedWorkload], frame: Frame, qlen: int, t: int, **flags: Any
+) -> None:
+    """A frame older than ``max_age_ms`` at dispatch: recorded as skipped, never run."""
+    ctx.counters.stale += 1
+    ctx.emit(ctx.record(frame, qlen, t, dispatched=False, skipped=True, **flags))
 
 
 def drive(ctx: DriverContext[StagedWorkload]) -> None:
-    c = ctx.counters
+    c, now, emit, record = ctx.counters, ctx.clock.now_ns, ctx.emit, ctx.record
     max_age_ms = ctx.settings.run.max_age_ms
+    warmup_end, max_frames = ctx.warmup_end_ns, ctx.max_frames
     first = True
     for frame, qlen in ctx.frames(0.1):
-        t_dispatch = ctx.clock.now_ns()
+        t_dispatch = now()
         drops = ctx.drops  # frames dropped before this one was dispatched
-        warm = frame.t_capture_ns < ctx.warmup_end_ns or first
-        age_ms = (t_dispatch - frame.t_capture_ns) / 1e6
-        if max_age_ms and age_ms > max_age_ms and not first:
-            c.stale += 1
-            skip = {"drop_count": drops, "warmup": warm, "skipped": True}
-            ctx.emit(ctx.record(frame, qlen, t_dispatch, dispatched=False, **skip))
+        warm = first or frame.t_capture_ns < warmup_end
+        if max_age_ms and not first and (t_dispatch - frame.t_capture_ns) / 1e6 > max_age_ms:
+            _skip(ctx, frame, qlen, t_dispatch, drop_count=drops, warmup=warm)
             continue
         c.dispatched += 1
         c.in_flight_since_ns = t_dispatch
-        fields, t_done = _run_stages(ctx, frame, t_dispatch)
-        text = fields.pop("sample_output", None)
+        pre, infer, decode, total, error, out, t_done = _run_stages(ctx, frame, t_dispatch)
         c.in_flight_since_ns = None
         c.last_done_ns = t_done
         c.done += 1
-        rec = ctx.record(
+        rec = record(
             frame,
             qlen,
             t_dispatch,
-            t_done=ctx.s(t_done),
+            t_done=(t_done - ctx.t0_ns) / 1e9,
+            pre_ms=pre,
+            infer_ms=infer,
+            decode_ms=decode,
+            total_ms=total,
             e2e_ms=(t_done - frame.t_sched_ns) / 1e6,
             drop_count=drops,
+            error=error,
             first=first,
             warmup=warm,
-            **fields,
         )
-        ctx.emit(rec)
-        if first and text is not None:
-            ctx.summary["sample_output"] = text[:500]
+        if out is not None:
+            _add_output(rec, out, ctx.summary if first else None)
+        emit(rec)
         first = False
-        if ctx.budget_spent():
+        if max_frames is not None and c.done >= max_frames:  # the budget (ctx.budget_spent)
             return
+
+
+def _add_output(rec: FrameRecord, out: StageOutput, summary: dict[str, Any] | None) -> None:
+    """The decoded output's counts on the record; the first frame's text in ``summary``."""
+    rec.out_tokens = out.tokens
+    rec.vision_tokens = out.vision_tokens
+    rec.audio_tokens = out.audio_tokens
+    rec.extra = out.extra
+    if summary is not None and out.text is not None:
+        summary["sample_output"] = out.text[:500]
