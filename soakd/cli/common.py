@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -61,6 +61,20 @@ def output_option() -> Any:
 def json_alias_option() -> Any:
     """The old ``--json`` flag, hidden: kept so scripts written against it still work."""
     return typer.Option("--json", hidden=True, help=JSON_ALIAS_HELP)
+
+
+#: ``--live/--no-live`` and ``--log-json/--log-text``: the same options on every command
+#: that runs a soak (``run``, ``plan run``)
+LiveOpt = Annotated[
+    bool | None,
+    typer.Option("--live/--no-live", help="Live display (default: on when stderr is a terminal)."),
+]
+LogJsonOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--log-json/--log-text", help="Log format (default: JSON unless stderr is a terminal)."
+    ),
+]
 
 
 def label_option(help: str) -> Any:

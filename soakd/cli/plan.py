@@ -26,6 +26,8 @@ from soakd.cli.common import (
     DB_HELP,
     SET_HELP,
     SET_METAVAR,
+    LiveOpt,
+    LogJsonOpt,
     console,
     error,
     format_option,
@@ -163,18 +165,8 @@ def run_cmd(
     db: DbOpt = None,
     label: LabelOpt = None,
     set_: SetOpt = None,
-    live: Annotated[
-        bool | None,
-        typer.Option(
-            "--live/--no-live", help="Live display (default: on when stderr is a terminal)."
-        ),
-    ] = None,
-    log_json: Annotated[
-        bool | None,
-        typer.Option(
-            "--log-json/--log-text", help="Log format (default: JSON unless stderr is a terminal)."
-        ),
-    ] = None,
+    live: LiveOpt = None,
+    log_json: LogJsonOpt = None,
 ) -> None:
     """Soak every cell one after another (or only --cell), each exactly as `soakd run`.
     Exit code: 1 if any cell failed, else 4 if soakd failed on one, else 2 if one could

@@ -13,6 +13,8 @@ from soakd.cli.common import (
     DB_HELP,
     SET_HELP,
     SET_METAVAR,
+    LiveOpt,
+    LogJsonOpt,
     console,
     error,
     label_option,
@@ -69,18 +71,8 @@ def run_cmd(
             help="Serve Prometheus metrics on HOST:PORT (loopback unless told otherwise)."
         ),
     ] = None,
-    live: Annotated[
-        bool | None,
-        typer.Option(
-            "--live/--no-live", help="Live display (default: on when stderr is a terminal)."
-        ),
-    ] = None,
-    log_json: Annotated[
-        bool | None,
-        typer.Option(
-            "--log-json/--log-text", help="Log format (default: JSON unless stderr is a terminal)."
-        ),
-    ] = None,
+    live: LiveOpt = None,
+    log_json: LogJsonOpt = None,
 ) -> None:
     """Soak the configured workload at a fixed frame rate; store every frame and telemetry
     sample; judge the run. Exit code: 0 PASS, 1 FAIL, 2 usage/config error, 3 INVALID,
