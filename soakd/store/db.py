@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 
@@ -112,7 +113,7 @@ def atomic(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
-def _is_locked(exc: BaseException) -> bool:
+def is_locked(exc: BaseException) -> bool:
     """SQLITE_BUSY / SQLITE_LOCKED (any extended code): another connection holds the lock."""
     if not isinstance(exc, sqlite3.OperationalError):
         return False
@@ -124,7 +125,7 @@ def _is_locked(exc: BaseException) -> bool:
 
 def _describe_os_error(path: Path, exc: BaseException) -> str:
     msg = str(exc)
-    if _is_locked(exc):
+    if is_locked(exc):
         return (
             f"{path}: the run database is locked by another connection"
             " (a reader in a write transaction?); try again when it is done"
@@ -173,6 +174,12 @@ def _check_writable(conn: sqlite3.Connection) -> None:
         _undo(conn, "ROLLBACK")
 
 
+def sqlite_uri(path: Path, flag: str = "") -> str:
+    """The ``file:`` URI of ``path`` (resolved, percent-quoted so ``?``, ``#`` and ``%`` in
+    a path stay part of it) with an optional ``?flag`` (``mode=ro``, ``immutable=1``)."""
+    return f"file:{quote(str(path.resolve()))}" + (f"?{flag}" if flag else "")
+
+
 def _connect_readonly(p: Path) -> sqlite3.Connection:
     """``mode=ro``; in a folder this user cannot write, with no live WAL (no soakd writing
     it), SQLite cannot create the ``-shm`` file that mode needs: then ``immutable=1``."""
@@ -182,7 +189,7 @@ def _connect_readonly(p: Path) -> sqlite3.Connection:
         if flag == "immutable=1" and wal.exists() and wal.stat().st_size > 0:
             break  # a writer's WAL holds rows an immutable open would not see
         conn = sqlite3.connect(
-            f"file:{p}?{flag}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
+            sqlite_uri(p, flag), uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False
         )
         try:
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
@@ -538,7 +545,7 @@ class StoreWriter:
         try:
             self._flush(conn)
         except sqlite3.OperationalError as exc:
-            if not _is_locked(exc):
+            if not is_locked(exc):
                 raise
             self._on_locked()
             return

@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from soakd.errors import ExitCode, SoakdError, UsageError
 from soakd.store import db as store
-from soakd.store.schema import MIGRATIONS, SCHEMA_VERSION, _version
+from soakd.store.schema import MIGRATIONS, SCHEMA_VERSION, schema_version
 
 #: a run's rows besides its ``runs`` row, in the order they are copied
 CHILD_TABLES: tuple[str, ...] = ("labels", "frames", "samples", "emissions", "events", "verdicts")
@@ -151,7 +150,8 @@ def _check_source(path: Path, tables: set[str], done: set[str]) -> None:
     missing = sorted(_KNOWN - done)
     if missing:
         raise MergeRefused(
-            f"{path}: schema version {_version(done)} (lacks {', '.join(missing)}), this soakd's"
+            f"{path}: schema version {schema_version(done)} (lacks {', '.join(missing)}),"
+            " this soakd's"
             f" is {SCHEMA_VERSION}: upgrade it first by opening it once with this soakd, e.g."
             f" `soakd runs --db {path}`, which migrates it"
         )
@@ -159,7 +159,7 @@ def _check_source(path: Path, tables: set[str], done: set[str]) -> None:
 
 def _newer(path: Path, done: set[str]) -> str:
     return (
-        f"{path}: schema version {_version(done)} (written by a newer soakd:"
+        f"{path}: schema version {schema_version(done)} (written by a newer soakd:"
         f" {', '.join(sorted(done - _KNOWN))} unknown here), this soakd's is {SCHEMA_VERSION}:"
         " merge with that soakd or a newer one"
     )
@@ -188,15 +188,11 @@ def _open_output(out: Path) -> sqlite3.Connection:
     except store.StoreError as exc:
         raise MergeRefused(str(exc)) from None
     conn = sqlite3.connect(
-        _uri(out), uri=True, isolation_level=None, timeout=store.BUSY_TIMEOUT_MS / 1000
+        store.sqlite_uri(out), uri=True, isolation_level=None, timeout=store.BUSY_TIMEOUT_MS / 1000
     )
     conn.execute(f"PRAGMA busy_timeout={store.BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
-
-
-def _uri(path: Path, flag: str = "") -> str:
-    return f"file:{quote(str(path.resolve()))}" + (f"?{flag}" if flag else "")
 
 
 def _attach(conn: sqlite3.Connection, path: Path) -> None:
@@ -207,7 +203,7 @@ def _attach(conn: sqlite3.Connection, path: Path) -> None:
     flags = ["mode=ro"] + ([] if wal.exists() and wal.stat().st_size else ["immutable=1"])
     for i, flag in enumerate(flags):
         try:
-            _attach_as_src(conn, _uri(path, flag))
+            _attach_as_src(conn, store.sqlite_uri(path, flag))
             return
         except sqlite3.DatabaseError as exc:
             if "not a database" in str(exc):

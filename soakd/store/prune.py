@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from soakd.store.db import BUSY_TIMEOUT_MS, _is_locked, atomic
+from soakd.store.db import BUSY_TIMEOUT_MS, atomic, is_locked
 from soakd.store.runs import find_orphaned_runs
 
 #: frames + samples deleted per transaction (whole runs: at least one run per batch), and
@@ -272,7 +272,7 @@ def vacuum(conn: sqlite3.Connection, *, busy_timeout_s: float = VACUUM_BUSY_TIME
         try:
             conn.execute("VACUUM")
         except sqlite3.OperationalError as exc:
-            if not _is_locked(exc):
+            if not is_locked(exc):
                 raise
             return Vacuum(False, f"the write lock was not free within {busy_timeout_s:g} s")
         busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]

@@ -306,7 +306,7 @@ class NewerSchemaError(Exception):
     """The database records migrations this soakd does not know: a newer soakd wrote it."""
 
 
-def _version(names: set[str]) -> int:
+def schema_version(names: set[str]) -> int:
     """The schema version a set of recorded migration names stands for (their highest
     number prefix, ``0002_...`` = 2)."""
     nums = [int(m.group()) for n in names if (m := re.match(r"\d+", n))]
@@ -325,7 +325,7 @@ def check_schema(conn: sqlite3.Connection) -> set[str]:
     unknown = done - {name for name, _ in MIGRATIONS}
     if unknown:
         raise NewerSchemaError(
-            f"written by a newer soakd: schema version {_version(done)}"
+            f"written by a newer soakd: schema version {schema_version(done)}"
             f" ({', '.join(sorted(unknown))} unknown here), this soakd knows schema version"
             f" {SCHEMA_VERSION}; upgrade soakd to use it"
         )
