@@ -160,8 +160,8 @@ def make_run(conn: sqlite3.Connection, **overrides: Any) -> str:
 
 
 #: the tests that hold a worker longest (mostly waiting on a real Prometheus, systemd or
-#: Slurm): collected first, so pytest-xdist starts them first and the rest fill around them
-#: (last, they would add their whole length to the suite's wall time)
+#: Slurm): collected first, so pytest-xdist (--dist loadfile) starts their files first and the
+#: rest fill around them (last, they would add their whole length to the suite's wall time)
 LONGEST_FIRST = ("test_prometheus_server.py", "test_nspawn.py", "test_slurm.py")
 
 

@@ -6,11 +6,16 @@ an overlay (``--volatile=overlay``), so every run starts from the same image."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,10 @@ SRC_IN, VENV_IN = Path("/srv/soakd-src"), Path("/srv/soakd-venv")
 PYTHON_IN = VENV_IN / "bin" / Path(sys.executable).name
 ROOT = Path(os.environ.get("SOAKD_NSPAWN_ROOT", "/var/tmp/soakd-nspawn-root"))
 READY = ROOT / ".soakd-nspawn-ready"
+BUILD_LOCK = ROOT.with_name(ROOT.name + ".build-lock")
+#: the inside script's last line before poweroff: every result file is written
+DONE = "done"
+BOOT_DEADLINE_S = 240.0  # boot + every check inside; about 30 s on an idle 2-core machine
 # systemd to boot; the shared libraries this project's Python, sqlite3 and torch load
 PACKAGES = "systemd,systemd-sysv,dbus,passwd,libsqlite3-0,libncursesw6,libreadline8,libnsl2,libtirpc3,libgssapi-krb5-2"  # noqa: E501
 TOOLS = ("systemd-nspawn", "debootstrap", "script")
@@ -101,8 +110,18 @@ printf '[Service]\nWatchdogSec=2s\n' > /etc/systemd/system/soakd@stall.service.d
 systemctl daemon-reload
 systemctl start --wait soakd@stall; echo $? > /out/stall.rc
 systemctl show -p Result soakd@stall > /out/stall_show.txt
+touch /out/{DONE}
 systemctl poweroff
 """
+
+
+@contextmanager
+def _build_lock() -> Iterator[None]:
+    """One image build at a time across pytest-xdist workers (and concurrent test runs)."""
+    BUILD_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with BUILD_LOCK.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def _build_root() -> None:
@@ -137,27 +156,69 @@ def _binds() -> list[str]:
     ]
 
 
+def _boot(out: Path) -> tuple[str, str]:
+    """Boot the image, wait for the inside script's DONE marker (never for the container's
+    own shutdown), then end the container's whole process group. Returns (how it ended,
+    the console's tail)."""
+    nspawn = [
+        "systemd-nspawn", "-q", "--register=no", "--keep-unit", "--volatile=overlay",
+        "-D", str(ROOT), *_binds(), f"--bind={out}:/out", "-b",
+    ]  # fmt: skip
+    console = out / "console.log"
+    # a pseudo-terminal for the container's console (script): with a pipe it stays silent
+    with console.open("wb") as log:
+        proc = subprocess.Popen(
+            ["script", "-qfec", " ".join(nspawn), "/dev/null"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        ended = _wait_done(proc, out / DONE, BOOT_DEADLINE_S)
+        _end_group(proc)
+    return ended, console.read_text(errors="replace")[-3000:]
+
+
+def _wait_done(proc: subprocess.Popen[bytes], done: Path, deadline_s: float) -> str:
+    t_end = time.monotonic() + deadline_s
+    while time.monotonic() < t_end:
+        if done.exists():
+            return "done"
+        if proc.poll() is not None:
+            return "done" if done.exists() else f"container exited early (rc {proc.returncode})"
+        time.sleep(0.5)
+    return f"no result after {deadline_s:.0f} s"
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM asks nspawn to power the container off; SIGKILL if that takes over 20 s."""
+    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:] if path.exists() else f"({path.name}: none)"
+
+
 @pytest.fixture(scope="module")
 def booted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Boot the image once; the test unit inside writes its results to the returned folder."""
-    if not READY.exists():
-        _build_root()
+    with _build_lock():
+        if not READY.exists():
+            _build_root()
     out = tmp_path_factory.mktemp("nspawn-out")
     (out / "inside.sh").write_text(INSIDE)
     (out / "inside.sh").chmod(0o755)
-    nspawn = [
-        "timeout", "240", "systemd-nspawn", "-q", "--register=no", "--keep-unit",
-        "--volatile=overlay", "-D", str(ROOT), *_binds(), f"--bind={out}:/out", "-b",
-    ]  # fmt: skip
-    # a pseudo-terminal for the container's console (script): with a pipe it stays silent
-    proc = subprocess.run(
-        ["script", "-qfec", " ".join(nspawn), "/dev/null"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    ended, console = _boot(out)
+    assert ended == "done", (
+        f"{ended}\n--- inside.log\n{_tail(out / 'inside.log')}\n--- console\n{console}"
     )
-    assert (out / "gate.rc").exists(), f"nspawn rc {proc.returncode}: {proc.stdout[-2000:]}"
     return out
 
 
