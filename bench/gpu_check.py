@@ -10,6 +10,14 @@
 2. Times a matmul stage two ways: up to kernel enqueue (no synchronize) and up to
    ``torch.cuda.synchronize()``. The synchronized time must be clearly longer; that is why
    soakd ends each CUDA stage after ``sync()``.
+3. Per-GPU sampling (``run.gpus``) on every visible GPU, one after another: allocates
+   ``step_mb`` MiB on it and checks that ``GpuDevicesProbe`` puts the rise on that GPU's
+   ``DeviceSample`` (not on another's), that its used memory matches a direct NVML read and
+   that its UUID is the one torch reports for that CUDA ordinal (CUDA_VISIBLE_DEVICES).
+4. With 2+ visible GPUs, a real soak (``run_soak``) of a model sharded over cuda:0 and
+   cuda:1 by a ``device_map`` in its options: ``gpu_samples`` must hold one row per tick for
+   each GPU under the UUIDs NVML gives, and the verdict a ``memory_gpu[i]`` for each. On a
+   one-GPU host it says it skipped this.
 
 Prints one JSON summary on stdout; exit 0 when every check passed, 1 when one failed. On a
 host without a GPU it prints ``{"gpu": false, ...}`` with the reason and exits 0. Takes well
@@ -139,12 +147,190 @@ def _check_series(samples: list[Any], step_mb: int, steps: int) -> dict[str, Any
     }
 
 
+def _devices_probe(torch: Any) -> tuple[Any, Any, list[Any]]:
+    """(nvml, a GpuDevicesProbe over every visible GPU, their NVML handles by ordinal)."""
+    import importlib
+    import os
+
+    from soakd.environment import device_uuid, nvml_handle, nvml_index
+    from soakd.telemetry.devices import GpuDevicesProbe
+    from soakd.telemetry.probes import NvmlProbe
+
+    nvml = importlib.import_module("pynvml")
+    nvml.nvmlInit()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    handles = [nvml_handle(nvml, o, env) for o in range(torch.cuda.device_count())]
+    devices = [(nvml_index(nvml, h), device_uuid(nvml, h), NvmlProbe(h, nvml)) for h in handles]
+    return nvml, GpuDevicesProbe(devices, primary=devices[0][0]), handles
+
+
+def _read(probe: Any) -> dict[int, Any]:
+    return {d.gpu: d for d in probe.sample_devices({}, 0, 0.0)}
+
+
+def _nvml_used(nvml: Any, handle: Any) -> int:
+    """Used memory straight from NVML (v2 when the driver has it, as the probe reads it)."""
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2).used)
+    except (AttributeError, TypeError, nvml.NVMLError):
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+
+
+def _one_gpu(torch: Any, nvml: Any, probe: Any, handle: Any, ordinal: int, mb: int) -> dict:
+    """Allocate ``mb`` MiB on cuda:``ordinal``: the rise must land on its reading only."""
+    gpu = probe.devices[ordinal][0]
+    before = _read(probe)
+    block = torch.ones(mb * MB // 4, dtype=torch.float32, device=f"cuda:{ordinal}")
+    torch.cuda.synchronize(ordinal)
+    time.sleep(0.3)
+    after = _read(probe)
+    direct = _nvml_used(nvml, handle)
+    del block
+    torch.cuda.empty_cache()
+    rise = {g: (after[g].mem_used_bytes or 0) - (before[g].mem_used_bytes or 0) for g in after}
+    proc = (after[gpu].proc_mem_bytes or 0) - (before[gpu].proc_mem_bytes or 0)
+    torch_uuid = str(getattr(torch.cuda.get_device_properties(ordinal), "uuid", "") or "")
+    checks = {
+        "rise_on_this_gpu": rise[gpu] >= 0.8 * mb * MB,
+        "no_rise_elsewhere": all(r < 0.2 * mb * MB for g, r in rise.items() if g != gpu),
+        "matches_direct_nvml": abs((after[gpu].mem_used_bytes or 0) - direct) <= 64 * MB,
+        "uuid_is_torchs": not torch_uuid or after[gpu].uuid.endswith(torch_uuid),
+    }
+    return {
+        "cuda": ordinal,
+        "gpu": gpu,
+        "uuid": after[gpu].uuid,
+        "torch_uuid": torch_uuid or None,
+        "rise_mb": {str(g): round(r / MB, 1) for g, r in rise.items()},
+        "proc_rise_mb": round(proc / MB, 1),  # a PID namespace can hide it: not a check
+        "util_pct": after[gpu].util_pct,
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
+def _check_every_gpu(torch: Any, mb: int) -> dict[str, Any]:
+    nvml, probe, handles = _devices_probe(torch)
+    try:
+        per = [_one_gpu(torch, nvml, probe, h, o, mb) for o, h in enumerate(handles)]
+    finally:
+        probe.close()
+    return {"gpus": per, "ok": all(p["ok"] for p in per)}
+
+
+class ShardedWorkload:
+    """A model split in two by ``device_map`` (``{"half0": 0, "half1": 1}``): each frame runs
+    a matmul on the first half's GPU, moves the result to the second's and runs another."""
+
+    shape = "staged"
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.map = options["device_map"]
+        self.n = int(options.get("n", 2048))
+
+    def setup(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.w = [torch.randn(self.n, self.n, device=f"cuda:{self.map[k]}") for k in self.map]
+
+    def preprocess(self, frame: Any) -> Any:
+        return self.w[0]
+
+    def infer(self, x: Any) -> Any:
+        for w in self.w:
+            x = w @ x.to(w.device)
+        return x
+
+    def decode(self, out: Any) -> Any:
+        from soakd.records import StageOutput
+
+        return StageOutput(text="ok", tokens=1)
+
+    def sync(self) -> None:
+        for w in self.w:
+            self.torch.cuda.synchronize(w.device)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "sharded", "device_map": self.map, "n": self.n}
+
+    def close(self) -> None:
+        self.w = []
+
+
+def sharded(options: dict[str, Any], ctx: Any) -> ShardedWorkload:
+    """The ``kind = "python"`` factory of ``ShardedWorkload``."""
+    return ShardedWorkload(options)
+
+
+#: the sharded soak: a python workload whose options carry a device_map over cuda:0 and cuda:1
+_SHARDED = (
+    'workload.kind="python"',
+    'workload.factory="bench.gpu_check:sharded"',
+    "workload.options={device_map = {half0 = 0, half1 = 1}}",
+    "run.fps=5",
+    "run.warmup_s=2",
+    "run.sample_interval_ms=100",
+    "run.log_every=0",
+    "criteria.min_duration_s=5",
+)
+
+
+def _check_sharded_run(torch: Any, seconds: float) -> dict[str, Any]:
+    """A soak of ``ShardedWorkload`` over cuda:0 and cuda:1, read back from its database."""
+    n = torch.cuda.device_count()
+    if n < 2:
+        return {"skipped": f"needs 2+ visible GPUs, this host shows {n}", "ok": True}
+    import sqlite3
+    import tempfile
+
+    from soakd.config import load_settings
+    from soakd.run.runner import run_soak
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = f"{tmp}/gpu_check.db"
+        s = load_settings(overrides=[*_SHARDED, f"run.db={db!r}", f"run.duration={seconds}"])
+        result = run_soak(s)
+        with sqlite3.connect(db) as conn:
+            return _sharded_result(conn, result)
+
+
+def _sharded_result(conn: Any, result: Any) -> dict[str, Any]:
+    rid = result.run_id
+    ticks = conn.execute("SELECT count(*) FROM samples WHERE run_id = ?", (rid,)).fetchone()[0]
+    rows = conn.execute(
+        "SELECT gpu, uuid, count(*), max(mem_used_bytes), max(util_pct) FROM gpu_samples"
+        " WHERE run_id = ? GROUP BY gpu, uuid ORDER BY gpu",
+        (rid,),
+    ).fetchall()
+    crit = dict(conn.execute("SELECT criterion, status FROM verdicts WHERE run_id = ?", (rid,)))
+    per_gpu = {f"memory_gpu[{g}]": crit.get(f"memory_gpu[{g}]") for g, *_ in rows}
+    checks = {
+        "two_gpus_sampled": len(rows) == 2,
+        "a_row_per_tick_each": all(r[2] == ticks for r in rows),
+        "a_criterion_per_gpu": all(v is not None for v in per_gpu.values()) and len(rows) == 2,
+    }
+    return {
+        "run_id": rid,
+        "verdict": result.verdict.status if result.verdict is not None else None,
+        "ticks": ticks,
+        "gpu_samples": [
+            {"gpu": g, "uuid": u, "rows": c, "peak_mb": round((m or 0) / MB), "util_max": x}
+            for g, u, c, m, x in rows
+        ],
+        "criteria": per_gpu,
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--step-mb", type=int, default=256)
+    ap.add_argument("--sharded-s", type=float, default=20.0, help="the sharded soak's length")
     args = ap.parse_args(argv)
 
     try:
@@ -196,8 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         "sampler_cpu_pct_of_core": round(100 * sampler.cpu_ns / 1e9 / max(sawtooth_s, 1e-9), 3),
         "telemetry": _check_series(samples, args.step_mb, args.steps),
         "stage_timing": _stage_timing(torch, device),
+        "every_gpu": _check_every_gpu(torch, args.step_mb),
+        "sharded_run": _check_sharded_run(torch, args.sharded_s),
     }
-    result["ok"] = result["telemetry"]["ok"] and result["stage_timing"]["ok"]
+    parts = ("telemetry", "stage_timing", "every_gpu", "sharded_run")
+    result["ok"] = all(result[k]["ok"] for k in parts)
     print(json.dumps(result, indent=2, default=str))
     return 0 if result["ok"] else 1
 

@@ -161,17 +161,17 @@ def streams_supported() -> bool:
 
 
 def streams_rows(n: int, workdir: Path) -> list[dict[str, Any]] | None:
-    """HOOK (issue 14, ``run.streams``): soakd's per-frame cost with 1, 4 and 16 streams,
-    or None while ``run.streams`` does not exist. Written before ``run.streams`` landed: it
-    assumes an unpaced run takes ``run.streams = N`` and stores every stream's frames in the
-    one run (the cost is then the median interval between dispatches over all streams).
-    Check that assumption when the setting lands, and add its rows to docs/benchmarks.md."""
+    """soakd's per-frame cost with 1, 4 and 16 streams (issue 14), or None without
+    ``run.streams``: an unpaced run of ``run.streams = N`` grabs from the N sources in turn
+    (``run.pacer.RoundRobin``) and stores every stream's frames in the one run, so the cost
+    is the median interval between dispatches over all streams, as for one stream."""
     if not streams_supported():
         return None
     rows = []
     for k in STREAMS:
         s, _ = soakd_loop(n, workdir / f"overhead-streams-{k}.db", (f"run.streams={k}",))
-        rows.append({"streams": k, "soakd_us_median": float(np.median(s)) * 1e6})
+        med = float(np.median(s)) * 1e6
+        rows.append({"streams": k, "soakd_us_median": med, "soakd_us_mean": _us(s)[1]})
     return rows
 
 
@@ -290,8 +290,12 @@ def _add_streams(res: BenchResult, n: int, workdir: Path) -> None:
             "measured (hook: bench/overhead.py streams_rows)"
         )
         return
+    lg = res.metrics.get("loadgen_us_per_query")
     for r in rows:
-        res.metrics[f"soakd_us_per_frame_{r['streams']}_streams"] = r["soakd_us_median"]
+        k = r["streams"]
+        res.metrics[f"soakd_us_per_frame_{k}_streams"] = r["soakd_us_median"]
+        if lg:
+            res.metrics[f"ratio_vs_loadgen_{k}_streams"] = r["soakd_us_median"] / lg
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,8 +101,27 @@ def _check_factory(v: str) -> str:
 # Label names that soakd's own Prometheus series already carry: a run label may not shadow one
 RESERVED_LABELS = frozenset(
     {"run", "config", "gpu", "uuid", "stage", "criterion", "status", "kind", "stream", "job",
-     "instance", "le", "quantile", "name", "workload", "hostname", "verdict", "unit"}
+     "instance", "le", "quantile", "name", "workload", "hostname", "verdict", "unit",
+     "UUID", "modelName"}
 )  # fmt: skip
+
+
+def _check_gpus(v: Any) -> Any:
+    """``run.gpus``: "auto" or CUDA ordinals, each once (whether they exist is checked when
+    the run starts, on the host that runs it)."""
+    if v is None or v == "auto":
+        return v
+    if isinstance(v, str) or not isinstance(v, list | tuple) or not v:
+        raise ValueError(f'must be "auto" or a list of CUDA ordinals such as [0, 1], got {v!r}')
+    if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in v):
+        raise ValueError(f"CUDA ordinals are whole numbers >= 0, got {list(v)!r}")
+    if len(set(v)) != len(v):
+        raise ValueError(f"each GPU once, got {list(v)!r}")
+    return tuple(v)
+
+
+# "auto" (every GPU this process sees) | CUDA ordinals | None (where the workload runs)
+Gpus = Annotated[Literal["auto"] | tuple[int, ...] | None, BeforeValidator(_check_gpus)]
 
 
 def _check_labels(v: Any) -> dict[str, str]:
@@ -135,6 +154,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: the most paced sources one run may drive (``run.streams``)
+MAX_STREAMS = 256
+#: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
+SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator")
+
+
 class RunSettings(_Section):
     """``[run]``: pacing, queue, sampling and where the run database lives."""
 
@@ -143,12 +168,15 @@ class RunSettings(_Section):
     # Prometheus, filtered on by `runs --label` and judged together by `gate --label`
     labels: Labels = Field(default_factory=dict)
     fps: float = Field(2.0, gt=0, le=1000)
+    # paced sources feeding the one workload, each at ``fps`` (N copies of [source])
+    streams: int = Field(1, ge=1, le=MAX_STREAMS)
     duration: Duration = Field(60.0, gt=0)
     warmup_s: Duration = Field(5.0, ge=0)
     max_queue: int = Field(1, ge=1, le=4096)
     consume: Literal["newest", "oldest"] = "newest"
     max_age_ms: float | None = Field(None, gt=0)
     sample_interval_ms: float = Field(150.0, ge=50, le=1000)
+    gpus: Gpus = None  # the GPUs sampled apart (gpu_samples): "auto" | [0, 1] | the workload's
     db: str | None = None  # default: $STATE_DIRECTORY/soakd.db under systemd, else ./soakd.db
     log_every: int = Field(1, ge=0)  # one per-frame log line every N frames (0 = none)
     stall_timeout_s: Duration = Field(60.0, gt=0)  # no frame finishing for this long = stall
@@ -227,6 +255,7 @@ class SyntheticWorkload(_Section):
     sawtooth_mb: float = Field(0.0, ge=0)
     sawtooth_period_s: float = Field(10.0, gt=0)
     error_every: int = Field(0, ge=0)
+    error_stream: int | None = Field(None, ge=0)  # every frame of this stream raises in infer
     stall_after_s: float = Field(0.0, ge=0)
     seed: int = 0
 
@@ -259,6 +288,14 @@ class HfWorkload(GenerationSettings):
     torch_threads: int | None = Field(None, ge=1, le=1024)  # None: torch's default
 
 
+class SessionQuestion(_Section):
+    """One question of ``workload.questions``: pushed ``at_s`` seconds after the run starts;
+    its answer latency is the time to the first text chunk after the push."""
+
+    at_s: Duration = Field(ge=0)
+    text: str = Field(min_length=1)
+
+
 class SessionWorkloadSettings(GenerationSettings):
     """A model with MOSS-VL-Realtime's ``create_realtime_session`` interface."""
 
@@ -277,6 +314,40 @@ class SessionWorkloadSettings(GenerationSettings):
     # built-in tiny model only: a frame whose 16x16 grey thumbnail differs from the previous
     # one by less than this (mean absolute difference, 0-255) is answered with <|silence|>
     silence_threshold: float = Field(1.0, ge=0)
+    system_prompt: str | None = None  # None: the model's own default system prompt
+    # passed through to create_realtime_session(**generate_kwargs) (temperature, top_p...)
+    generate_kwargs: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    torch_threads: int | None = Field(None, ge=1, le=1024)  # None: torch's (tiny model: 1)
+    max_pixels: int | None = Field(None, ge=1024)  # larger frames are downscaled before push
+    questions: tuple[SessionQuestion, ...] = ()  # pushed with push_prompt during the run
+
+    @field_validator("generate_kwargs")
+    @classmethod
+    def _own_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in SESSION_OWN_KEYS:
+                raise ValueError(f"{key!r} is a setting of its own: set workload.{key}")
+        return v
+
+    @field_validator("questions")
+    @classmethod
+    def _in_time_order(cls, v: tuple[SessionQuestion, ...]) -> tuple[SessionQuestion, ...]:
+        for i in range(1, len(v)):
+            a, b = v[i - 1].at_s, v[i].at_s
+            if b < a:
+                raise ValueError(f"questions must be in time order (at_s {b:g} < {a:g})")
+        return v
+
+
+#: session settings that generate_kwargs may not repeat (each is a [workload] key)
+SESSION_OWN_KEYS: tuple[str, ...] = (
+    "initial_prompt",
+    "system_prompt",
+    "frame_queue_size",
+    "max_tokens_per_turn",
+    "max_new_tokens",
+    "do_sample",
+)
 
 
 class GeneratorWorkloadSettings(_Section):
@@ -548,6 +619,18 @@ class Settings(_Section):
             model = PluginWorkload
         return model.model_validate(dict(v))
 
+    @model_validator(mode="after")
+    def _streams_shape(self) -> Settings:
+        """Several streams need a staged workload: a session or generator model keeps one
+        stream's state between frames (a python or plugin workload is checked once built)."""
+        n, kind = self.run.streams, self.workload.kind
+        if n > 1 and kind in SINGLE_STREAM_KINDS:
+            raise ValueError(
+                f"run.streams: {n} streams need a staged workload (synthetic, tiny-vlm, hf, "
+                f"av); workload.kind = {kind!r} takes one stream"
+            )
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
@@ -567,10 +650,15 @@ class Settings(_Section):
     def config_hash(self) -> str:
         """A hash of everything that changes what is measured: all sections but the run's
         name, labels, duration and db, and the service settings. Runs with the same hash are
-        comparable (``jitter_k = "history"`` draws on them)."""
+        comparable (``jitter_k = "history"`` draws on them). One stream hashes as it did
+        before ``run.streams`` existed."""
         d = self.to_dict()
         for k in ("name", "duration", "db", "log_every", "labels"):
             d["run"].pop(k, None)
+        if d["run"].get("streams") == 1:
+            d["run"].pop("streams")
+        if d["run"].get("gpus", 0) is None:
+            d["run"].pop("gpus")
         d.pop("service", None)
         d.pop("criteria", None)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))

@@ -88,6 +88,36 @@ def nvml_handle(nvml: Any, ordinal: int, env: str | None) -> Any:
     raise GpuUnavailable(f"no GPU with UUID {want!r} (from CUDA_VISIBLE_DEVICES)")
 
 
+def visible_ordinals(nvml: Any, env: str | None) -> list[int]:
+    """The CUDA ordinals this process can use under ``CUDA_VISIBLE_DEVICES`` = ``env``, as
+    CUDA counts them: every NVML device when unset, else the entries up to the first one
+    that names no device (CUDA ignores the rest)."""
+    out: list[int] = []
+    for ordinal in range(nvml.nvmlDeviceGetCount()):
+        try:
+            nvml_handle(nvml, ordinal, env)
+        except GpuUnavailable:
+            break
+        out.append(ordinal)
+    return out
+
+
+def nvml_index(nvml: Any, handle: Any) -> int:
+    """The NVML index of ``handle`` (the ``gpu`` nvidia-smi and dcgm-exporter show)."""
+    index = getattr(nvml, "nvmlDeviceGetIndex", None)
+    if index is not None:
+        return int(index(handle))
+    uuid = _decode(nvml.nvmlDeviceGetUUID(handle))
+    for i in range(nvml.nvmlDeviceGetCount()):
+        if _decode(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) == uuid:
+            return i
+    raise GpuUnavailable(f"GPU {uuid} has no NVML index")
+
+
+def device_uuid(nvml: Any, handle: Any) -> str:
+    return _decode(nvml.nvmlDeviceGetUUID(handle))
+
+
 def gpu_facts(ordinal: int = 0, nvml: Any = None) -> dict[str, Any]:
     """Name, UUID, driver and CUDA driver of the GPU that is CUDA ordinal ``ordinal`` in this
     process (through ``CUDA_VISIBLE_DEVICES``, as the NVML probe picks it); None values and

@@ -27,7 +27,8 @@ class Frame:
     ``t_sched_ns`` is the absolute deadline the pacer aimed at, ``t_capture_ns`` when the
     source returned the image, ``grab_ns`` how long the source call took. ``audio`` is the
     chunk of audio that arrived with this frame (AV workloads), or None. ``stream_ns`` is
-    the frame's position on the stream's clock.
+    the frame's position on the stream's clock; ``stream`` which of the run's paced sources
+    (``run.streams``) captured it, 0 for the first or only one.
     """
 
     id: int
@@ -40,6 +41,7 @@ class Frame:
     # the stream's own clock (ns since the run's start): the deadline in a paced run; in an
     # unpaced profile, k / fps, so windows over stream time see the stream at the target rate
     stream_ns: int = 0
+    stream: int = 0
 
 
 @dataclass(slots=True)
@@ -85,9 +87,15 @@ class FrameRecord:
     pending: int | None = None  # frames pending inside a session model
     output_kind: str | None = None  # session: "text" | "silence" | None
     output_latency_ms: float | None = None  # capture -> next output (session models)
+    t_consumed: float | None = None  # session: the model took the frame (s since run start)
+    consume_ms: float | None = None  # session: push -> taken by the model
+    consume_output_ms: float | None = None  # session: taken -> the model's next output
     first_emit_ms: float | None = None  # generator: request -> first emitted frame
     emitted: int | None = None  # generator: frames emitted for this request
     extra: dict[str, Any] | None = None
+    # which paced source captured the frame (run.streams); drop_count and stale_count are
+    # cumulative per stream
+    stream: int = 0
 
 
 @dataclass(slots=True)
@@ -113,6 +121,26 @@ class Sample:
     lag_ms: float  # how late the tick started after its deadline
     tick_ms: float  # how long the tick itself took
     values: dict[str, float | int | None] = field(default_factory=dict)
+    # one reading per GPU the run uses (run.gpus), when it uses several; else empty
+    devices: tuple[DeviceSample, ...] = ()
+
+
+@dataclass(slots=True)
+class DeviceSample:
+    """One GPU's reading at one telemetry tick (``gpu_samples`` table). ``gpu`` is the NVML
+    index (as nvidia-smi and dcgm-exporter number GPUs, whatever CUDA_VISIBLE_DEVICES says);
+    ``seq`` and ``t`` are those of the tick's ``Sample``. Every value may be None."""
+
+    seq: int
+    t: float
+    gpu: int
+    uuid: str
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    util_pct: float | None = None
+    proc_mem_bytes: int | None = None  # this process's memory on the device
+    temp_c: float | None = None
+    power_w: float | None = None
 
 
 @dataclass(slots=True)

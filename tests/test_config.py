@@ -219,6 +219,8 @@ def _float_fields() -> list[tuple[str, list[str]]]:
                     if f.is_required() and k != "kind"
                 ]
             for name, field in model.model_fields.items():
+                if typing.get_origin(field.annotation) is dict:
+                    continue  # a free-form table (generate_kwargs): its own validator, below
                 if _has_float(field.annotation):
                     out.append((f"{section}.{name}", base))
     return out

@@ -105,7 +105,7 @@ def test_frames_samples_progress_and_verdict_are_exported(server: MetricsServer)
     obs.on_event(Event("stall", 5.0, 0.0, "no frame"))
     obs.on_progress(Progress(15.0, 45.0, 3, 4, 3.9, 3, 1, 1, 4.0, stalled_s=0.2, warmup=False))
     data = scrape(server.url)
-    run = {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200"}
+    run = {"run": "run-1", "config": "abc123", "modelName": "NVIDIA H200"}
 
     assert value(data, "soakd_stage_latency_seconds_count", stage="infer", **run) == 3
     assert value(data, "soakd_stage_latency_seconds_sum", stage="infer", **run) == pytest.approx(
@@ -178,7 +178,7 @@ def test_a_labelled_runs_every_series_carries_its_labels(
     )
     frames = next(smp for smp in samples if smp.name == "soakd_frames_total")
     assert frames.labels == {
-        "run": "run-1", "config": "abc123", "gpu": "NVIDIA H200",
+        "run": "run-1", "config": "abc123", "modelName": "NVIDIA H200",
         "cell": "h200-bf16", "release": "1.4.0",
     }  # fmt: skip
 
@@ -192,12 +192,12 @@ def test_a_run_with_other_label_names_replaces_the_metrics() -> None:
     info.run_id = "run-2"
     info.settings = Settings.model_validate({"run": {"fps": 4, "labels": {"release": "2"}}})
     obs.on_run_start(info)
-    lbl = {"run": "run-2", "config": "abc123", "gpu": "NVIDIA H200", "release": "2"}
+    lbl = {"run": "run-2", "config": "abc123", "modelName": "NVIDIA H200", "release": "2"}
     assert obs.registry.get_sample_value("soakd_target_frames_per_second", lbl) == 4
     assert (
         obs.registry.get_sample_value(
             "soakd_target_frames_per_second",
-            {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200"},
+            {"run": "run-1", "config": "abc123", "modelName": "NVIDIA H200"},
         )
         is None
     )
@@ -222,7 +222,7 @@ def test_unknown_telemetry_after_known_becomes_nan(server: MetricsServer) -> Non
     obs.on_sample(Sample(0, 0.1, 0.0, 0.0, 0.1, {"rss_bytes": 1000}))
     obs.on_sample(Sample(1, 0.2, 0.0, 0.0, 0.1, {"rss_bytes": None}))
     data = scrape(server.url)
-    assert math.isnan(value(data, "soakd_rss_bytes", gpu="none"))
+    assert math.isnan(value(data, "soakd_rss_bytes", modelName="none"))
 
 
 def test_hooks_before_run_start_are_ignored() -> None:
@@ -332,7 +332,7 @@ def test_verdict_from_soakd_analysis_is_exported() -> None:
     obs.on_run_start(_info())
     obs.on_run_end(RunResult("run-1", "completed", None, 60.0, {}, verdict, 1))
     get = obs.registry.get_sample_value
-    run = {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200"}
+    run = {"run": "run-1", "config": "abc123", "modelName": "NVIDIA H200"}
     assert get("soakd_verdict", {**run, "verdict": "FAIL"}) == 1
     assert (
         get("soakd_criterion_status", {**run, "criterion": "memory_floor_slope", "status": "fail"})
@@ -364,7 +364,7 @@ def test_criterion_value_and_threshold_are_exported_in_base_units(
     obs = MetricsObserver()
     obs.on_run_start(_info())
     obs.set_verdict("PASS", [CriterionRow("c", "pass", value, value, unit)])
-    lbl = {"run": "run-1", "config": "abc123", "gpu": "NVIDIA H200", "criterion": "c"}
+    lbl = {"run": "run-1", "config": "abc123", "modelName": "NVIDIA H200", "criterion": "c"}
     get = obs.registry.get_sample_value
     assert get("soakd_criterion_value", {**lbl, "unit": base}) == pytest.approx(expected)
     assert get("soakd_criterion_threshold", {**lbl, "unit": base}) == pytest.approx(expected)

@@ -243,7 +243,7 @@ def assert_series_carry_run_labels(prom: Prometheus, targets: dict[str, str]) ->
     wait_for("both soaks' soakd_run_info", lambda: len(prom.query(sel)) == 2, 30, prom.log)
     info = {r["metric"]["cell"]: r["metric"] for r in prom.query(sel)}
     assert {c: m["instance"] for c, m in info.items()} == targets
-    assert all(m["run"] and m["config"] and m["gpu"] == "none" for m in info.values())
+    assert all(m["run"] and m["config"] and m["modelName"] == "none" for m in info.values())
     assert len(prom.query('{__name__=~"soakd_.+"}')) > 50
     assert prom.query(f'{{__name__=~"soakd_.+", release!="{RELEASE}"}}') == []
     assert prom.query('{__name__=~"soakd_.+", cell!~"healthy|leak"}') == []

@@ -264,7 +264,7 @@ def test_exporter_is_scraped_over_loopback_during_a_run(start: Callable[..., Dae
         assert len(hits) == 1, (name, labels, len(hits))
         return hits[0]
 
-    frames = one("soakd_frames_total", run=run_id, gpu="none")
+    frames = one("soakd_frames_total", run=run_id, modelName="none")
     assert frames >= 10
     # a scrape reads each metric on its own while frames keep finishing: one frame apart
     assert abs(one("soakd_stage_latency_seconds_count", run=run_id, stage="infer") - frames) <= 1

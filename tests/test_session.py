@@ -254,7 +254,7 @@ def test_soak_of_a_scripted_session_counts_drops_and_silence(
         "workload.kind=python",
         "workload.factory='tests.tiny_session:factory'",
         "workload.options={script = 'ts', start_after_pushes = 6, frame_queue_size = 2,"
-        " max_tokens_per_turn = 3}",
+        " max_tokens_per_turn = 100}",
     )
     res = run_soak(settings, judge=False)
     assert res.status == "completed", res.reason

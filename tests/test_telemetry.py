@@ -225,9 +225,11 @@ def make_fake_pynvml(
     v2: bool = True,
     unsupported: frozenset[str] = frozenset(),
     procs: list[tuple[int, int | None]] | None = None,
+    used: Callable[[int], int] | None = None,
 ) -> types.ModuleType:
     """A stand-in for nvidia-ml-py's pynvml: no GPU runs here, so NVML itself cannot be
-    called; the fake mirrors the real module's names, structs and error classes."""
+    called; the fake mirrors the real module's names, structs and error classes. One GPU
+    per UUID; ``used(index)``: a device's used memory (v2) at each call (default 7 GiB)."""
     m = types.ModuleType("pynvml")
 
     class NVMLError(Exception):
@@ -280,6 +282,7 @@ def make_fake_pynvml(
 
     api("nvmlDeviceGetCount")(lambda: len(uuids))
     api("nvmlDeviceGetHandleByIndex")(lambda i: ("handle", i))
+    api("nvmlDeviceGetIndex")(lambda h: h[1])
     api("nvmlDeviceGetUUID")(lambda h: uuids[h[1]].encode())
 
     @api("nvmlDeviceGetHandleByUUID")
@@ -290,8 +293,11 @@ def make_fake_pynvml(
     def _mem(h: Any, version: int | None = None) -> Any:
         if version is not None and not v2:
             raise NVMLError_FunctionNotFound("Function Not Found")
-        used = 7 * 1024**3 if version else 8 * 1024**3  # v1 'used' includes reserved memory
-        return types.SimpleNamespace(total=80 * 1024**3, used=used, free=1)
+        v2_used = used(h[1]) if used is not None else 7 * 1024**3
+        # v1 'used' includes the memory the driver reserves
+        return types.SimpleNamespace(
+            total=80 * 1024**3, used=v2_used if version else v2_used + 1024**3, free=1
+        )
 
     api("nvmlDeviceGetUtilizationRates")(lambda h: types.SimpleNamespace(gpu=93, memory=41))
     me = os.getpid()

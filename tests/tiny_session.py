@@ -1,12 +1,37 @@
-"""A realtime session written in the tests, on top of soakd's tiny LM, with the methods and
-semantics of MOSS-VL-Realtime's ``create_realtime_session`` and planted behaviour that gives
-the tests a known truth:
+"""The CI stand-in for MOSS-VL-Realtime's realtime session, on top of soakd's tiny LM.
 
-* ``script``: the kind of each turn's answer, cycling ("t" = text, "s" = ``<|silence|>``), so
-  the silence ratio is known in advance;
-* ``gate``: a ``threading.Event`` the test holds; turns wait for it, so a test can fill the
-  frame queue and know exactly how many frames the session drops, without timing;
-* ``stall_after``: after this many turns the session stops answering (blocks until closed);
+It mirrors the authors' remote code (``modeling_moss_vl.py`` in the MOSS-VL-Realtime
+checkpoint; not copied here) call for call, so a change in soakd's session shape that breaks
+the real API fails CI:
+
+* ``ScriptedModel.create_realtime_session`` mirrors
+  ``MossVLForConditionalGeneration.create_realtime_session(processor, *, initial_prompt="",
+  system_prompt=None, frame_queue_size=256, max_tokens_per_turn=86400, **generate_kwargs)``;
+* ``ScriptedSession`` mirrors ``MossVLRealtimeSession``: ``start()``, ``active``,
+  ``pending_frames`` (``_frame_queue.qsize()``), ``push_frame(image, timestamp=None, *,
+  drop_oldest=True) -> bool`` (True: the oldest queued frame was dropped, taken with
+  ``get_nowait()`` on the pushing thread), ``push_prompt(prompt)``, ``poll_output(timeout=0.0)``
+  (raises once the generation thread has died), ``close(timeout=5.0)`` (``TimeoutError``, or
+  re-raises the generation thread's failure ``from`` it);
+* its generation thread mirrors ``MossVLForConditionalGeneration._real_time_sample`` and
+  ``_update_model_kwargs_for_real_time_generation``: one output chunk per step, each step
+  paced to at most ``max_tokens_per_turn`` steps per second (a rate cap), then every queued
+  frame and prompt is drained with ``get_nowait()``; a drained prompt is answered
+  ``<|round_start|>`` first. Where upstream busy-waits after ``<|silence|>`` with nothing
+  queued, this one sleeps 5 ms between looks.
+
+Planted behaviour gives the tests a known truth:
+
+* ``script``: the kind of the answer to each consumed frame, cycling ("t" = text, "s" =
+  ``<|silence|>``), so the silence ratio is known in advance;
+* ``talk``: the model keeps talking: a text chunk every step whether or not a frame came,
+  as MOSS-VL-Realtime does while it describes a scene;
+* ``frame_cost_s``: the step after frames were drained sleeps this long first (the vision
+  tower's work on them), so the first output after a consume is at least that late;
+* ``die_on_frame``: the generation thread raises ``ValueError`` when it drains that frame
+  (1-based), and the session is no longer ``active``;
+* ``gate``: a ``threading.Event`` the test holds; steps wait for it;
+* ``stall_after``: after answering this many frames the session stops answering;
 * ``start_after_pushes``: the session consumes nothing until that many frames were pushed, so
   with ``frame_queue_size = q`` exactly ``start_after_pushes - q`` frames are dropped.
 
@@ -15,9 +40,10 @@ the tests a known truth:
 
 from __future__ import annotations
 
-import collections
 import queue
 import threading
+import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -27,100 +53,201 @@ from soakd.workloads.base import WorkloadContext
 from soakd.workloads.session import RealtimeSessionWorkload
 from soakd.workloads.tiny_session import SILENCE, TinyLM, TinyProcessor
 
+ROUND_START = "<|round_start|>"
+
 
 class ScriptedSession:
+    """``MossVLRealtimeSession`` (see the module docstring)."""
+
     def __init__(
         self,
         model: ScriptedModel,
         processor: TinyProcessor,
         *,
-        initial_prompt: str,
-        frame_queue_size: int,
-        max_tokens_per_turn: int,
-        max_new_tokens: int,
+        initial_prompt: str = "",
+        system_prompt: str | None = None,
+        frame_queue_size: int = 256,
+        max_tokens_per_turn: int = 86400,
+        **generate_kwargs: Any,
     ) -> None:
+        if frame_queue_size < 1:
+            raise ValueError("frame_queue_size must be at least 1")
+        if max_tokens_per_turn < 1:
+            raise ValueError("max_tokens_per_turn must be at least 1")
         self.model = model
         self.processor = processor
         self.prompt_ids = processor.tokenizer.encode(initial_prompt)[:32]
-        self.frame_queue_size = frame_queue_size
+        self.system_prompt = system_prompt
         self.max_tokens_per_turn = max_tokens_per_turn
-        self.max_new_tokens = max_new_tokens
-        self.frames: collections.deque[tuple[Any, float]] = collections.deque()
-        self.cond = threading.Condition()
-        self.out: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.closed = threading.Event()
-        self.turns = 0
-        self.timestamps: list[float] = []
+        self.generate_kwargs = dict(generate_kwargs)
+        self._frame_queue: queue.Queue[tuple[Any, float]] = queue.Queue(frame_queue_size)
+        self._prompt_queue: queue.Queue[str] = queue.Queue()
+        self._output_queue: queue.Queue[str] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._closed = threading.Event()
+        self._error: BaseException | None = None
+        self._last_timestamp: float | None = None
         self.pushes = 0
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="test-scripted-session", daemon=True)
+        self.drained = 0  # frames taken by the generation thread
+        self.answered = 0  # frames answered
+        self.timestamps: list[float] = []
+        self._pushed_enough = threading.Event()
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._done.is_set()
 
     @property
     def pending_frames(self) -> int:
-        with self.cond:
-            return len(self.frames)
+        return self._frame_queue.qsize()
 
-    def start(self) -> None:
-        self.thread.start()
+    def start(self) -> ScriptedSession:
+        if self._closed.is_set():
+            raise RuntimeError("Cannot start a closed realtime session")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="test-session", daemon=True)
+            self._thread.start()
+        return self
 
-    def push_frame(self, image: Any, timestamp: float) -> bool:
-        with self.cond:
-            dropped = len(self.frames) >= self.frame_queue_size
-            if dropped:
-                self.frames.popleft()
-            self.frames.append((image, timestamp))
-            self.timestamps.append(timestamp)
-            self.pushes += 1
-            if self.pushes >= self.model.start_after_pushes:
-                self.started.set()
-            self.cond.notify()
-        return dropped
+    def push_frame(
+        self, image: Any, timestamp: float | None = None, *, drop_oldest: bool = True
+    ) -> bool:
+        if self._closed.is_set():
+            raise RuntimeError("Realtime session is closed")
+        if image is None:
+            raise ValueError("image must not be None")
+        if self._thread is None:
+            self.start()
+        ts = float(time.monotonic() if timestamp is None else timestamp)
+        if self._last_timestamp is not None and ts < self._last_timestamp:
+            raise ValueError(f"Frame timestamps must be non-decreasing: {ts}")
+        self._last_timestamp = ts
+        self.timestamps.append(ts)
+        self.pushes += 1
+        if self.pushes >= self.model.start_after_pushes:
+            self._pushed_enough.set()
+        dropped = False
+        while True:
+            try:
+                self._frame_queue.put_nowait((image, ts))
+                return dropped
+            except queue.Full:
+                if not drop_oldest:
+                    raise
+            try:
+                self._frame_queue.get_nowait()
+                dropped = True
+            except queue.Empty:
+                pass
 
-    def poll_output(self, timeout: float | None = None) -> str | None:
+    def push_prompt(self, prompt: str) -> None:
+        if self._closed.is_set():
+            raise RuntimeError("Realtime session is closed")
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        if self._thread is None:
+            self.start()
+        self._prompt_queue.put_nowait(str(prompt))
+
+    def poll_output(self, timeout: float = 0.0) -> str | None:
+        if timeout < 0:
+            raise ValueError("timeout must be non-negative")
         try:
-            return self.out.get(timeout=timeout)
+            if timeout == 0:
+                return self._output_queue.get_nowait()
+            return self._output_queue.get(timeout=timeout)
         except queue.Empty:
+            self._raise_if_failed()
             return None
 
-    def close(self) -> None:
-        self.closed.set()
+    def _raise_if_failed(self) -> None:
+        if self._done.is_set() and self._error is not None:
+            raise RuntimeError("MOSS-VL realtime generation failed") from self._error
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        self._closed.set()
         self.model.gate.set()
-        with self.cond:
-            self.cond.notify_all()
-        self.thread.join(5.0)
-        torch.set_num_threads(self.model.prev_threads)
+        if self._thread is None:
+            self._done.set()
+            return
+        self._thread.join(timeout=timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("Realtime generation did not stop before the timeout")
+        self._raise_if_failed()
 
-    def _loop(self) -> None:
-        m = self.model
-        while not self.started.wait(0.2):
-            if self.closed.is_set():
-                return
-        while not self.closed.is_set():
-            m.gate.wait()
-            with self.cond:
-                while not self.frames and not self.closed.is_set():
-                    self.cond.wait(0.2)
-                if self.closed.is_set():
+    # --- the generation thread (``_real_time_sample``)
+    def _run(self) -> None:
+        try:
+            while not self._pushed_enough.wait(0.05):
+                if self._closed.is_set():
                     return
-                image, _ = self.frames.popleft()
-            if m.stall_after is not None and self.turns >= m.stall_after:
-                self.closed.wait()  # stops answering, like a hung model
-                return
-            self.out.put(self._turn(image))
-            self.turns += 1
+            self._sample()
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._done.set()
 
-    def _turn(self, image: Any) -> str:
+    def _sample(self) -> None:
+        m, answers = self.model, deque[str]()
+        while not self._closed.is_set():
+            m.gate.wait()
+            t_step = time.monotonic()
+            if answers:
+                self._output_queue.put(answers.popleft())
+            elif m.talk:
+                self._output_queue.put(self._token())
+            wait = 1.0 / self.max_tokens_per_turn - (time.monotonic() - t_step)
+            if wait > 0:
+                time.sleep(wait)
+            if not self._drain(answers) and not answers and not m.talk:
+                time.sleep(0.005)
+
+    def _drain(self, answers: deque[str]) -> bool:
+        """Take every queued prompt and frame (``get_nowait``); queue their answers."""
+        m, took = self.model, False
+        while not self._prompt_queue.empty():
+            self._prompt_queue.get_nowait()
+            self._output_queue.put(ROUND_START)
+            answers.append("Yes, I see it.")
+            took = True
+        frames = []
+        while not self._frame_queue.empty():
+            try:
+                frames.append(self._frame_queue.get_nowait()[0])
+            except queue.Empty:
+                break
+        for image in frames:
+            self.drained += 1
+            if m.die_on_frame is not None and self.drained >= m.die_on_frame:
+                raise ValueError(f"planted: the vision tower failed on frame {self.drained}")
+            if m.stall_after is not None and self.answered >= m.stall_after:
+                self._closed.wait()  # stops answering, like a hung model
+                return True
+            answers.append(self._answer(image))
+            self.answered += 1
+        if frames and m.frame_cost_s:
+            time.sleep(m.frame_cost_s)
+        return took or bool(frames)
+
+    def _token(self) -> str:
+        """One printable token from the tiny LM (the model talking on)."""
+        embeds = self.model.lm.embed(self.prompt_ids, self.model.blank)
+        ids = self.model.lm.generate(embeds, 1)
+        return self.processor.tokenizer.decode(ids) or "."
+
+    def _answer(self, image: Any) -> str:
         patches, _ = self.processor.frame_arrays(image)
         embeds = self.model.lm.embed(self.prompt_ids, patches)
-        if self.model.script[self.turns % len(self.model.script)] == "s":
+        if self.model.script[self.answered % len(self.model.script)] == "s":
             self.model.lm.prefill(embeds)
             return SILENCE
-        ids = self.model.lm.generate(embeds, self.max_tokens_per_turn)
+        ids = self.model.lm.generate(embeds, 3)
         return self.processor.tokenizer.decode(ids) or "."
 
 
 class ScriptedModel:
-    """The model object: ``create_realtime_session`` like MOSS-VL-Realtime."""
+    """The model object: ``MossVLForConditionalGeneration.create_realtime_session``."""
 
     def __init__(
         self,
@@ -128,17 +255,25 @@ class ScriptedModel:
         stall_after: int | None = None,
         start_after_pushes: int = 0,
         seed: int = 0,
+        *,
+        talk: bool = False,
+        frame_cost_s: float = 0.0,
+        die_on_frame: int | None = None,
     ) -> None:
         assert script and set(script) <= {"s", "t"}
         self.script = script
         self.stall_after = stall_after
         self.start_after_pushes = start_after_pushes
+        self.talk = talk
+        self.frame_cost_s = frame_cost_s
+        self.die_on_frame = die_on_frame
         # one intra-op thread while the model lives, as soakd's own tiny models do: OpenMP
         # spin-waiting beside the run's other threads makes turns 30x slower on 2 cores
         self.prev_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         self.lm = TinyLM(seed)
         self.processor = TinyProcessor()
+        self.blank = self.processor.frame_arrays(torch.zeros(8, 8, 3, dtype=torch.uint8))[0]
         self.gate = threading.Event()
         self.gate.set()
         self.sessions: list[ScriptedSession] = []
@@ -148,32 +283,38 @@ class ScriptedModel:
         processor: TinyProcessor,
         *,
         initial_prompt: str = "",
+        system_prompt: str | None = None,
         frame_queue_size: int = 256,
-        max_tokens_per_turn: int = 12,
-        max_new_tokens: int = 4096,
-        do_sample: bool = False,
+        max_tokens_per_turn: int = 86400,
+        **generate_kwargs: Any,
     ) -> ScriptedSession:
         session = ScriptedSession(
             self,
             processor,
             initial_prompt=initial_prompt,
+            system_prompt=system_prompt,
             frame_queue_size=frame_queue_size,
             max_tokens_per_turn=max_tokens_per_turn,
-            max_new_tokens=max_new_tokens,
+            **generate_kwargs,
         )
         self.sessions.append(session)
         return session
 
 
+_MODEL_OPTIONS = ("talk", "frame_cost_s", "die_on_frame")
+
+
 def factory(options: dict[str, Any], ctx: WorkloadContext) -> RealtimeSessionWorkload:
-    """``kind = "python"``: options ``script``, ``stall_after``, ``start_after_pushes`` and
-    any session setting."""
+    """``kind = "python"``: options ``script``, ``stall_after``, ``start_after_pushes``,
+    ``talk``, ``frame_cost_s``, ``die_on_frame`` and any session setting."""
     opts = dict(options)
+    planted = {k: opts.pop(k) for k in _MODEL_OPTIONS if k in opts}
     model = ScriptedModel(
         opts.pop("script", "t"),
         opts.pop("stall_after", None),
         opts.pop("start_after_pushes", 0),
         ctx.seed,
+        **planted,
     )
     settings = SessionWorkloadSettings(**opts)
     return RealtimeSessionWorkload(settings, ctx, model=model, processor=model.processor)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from soakd.analysis.data import load_run_data, make_run_data
 from soakd.analysis.model import CriterionResult, RunData, RunMeta, Verdict
+from soakd.analysis.streams import judge_streams
 from soakd.analysis.verdict import judge
 from soakd.config import CriteriaSettings
 from soakd.store import rundata as q
@@ -80,13 +81,15 @@ def load_history(conn: sqlite3.Connection, data: RunData) -> list[float]:
 def evaluate(
     conn: sqlite3.Connection, run_id: str, criteria: CriteriaSettings | None = None
 ) -> tuple[RunData, Verdict]:
-    """Load a run and judge it (criteria: the given ones, else the run's own)."""
+    """Load a run and judge it (criteria: the given ones, else the run's own), each stream
+    and all together when it had several (``streams.judge_streams``: the data returned is
+    then the all-streams view)."""
     data = load_run_data(conn, run_id)
     note = None
     if criteria is None:
         criteria, note = criteria_of(data)
     history = load_history(conn, data) if criteria.jitter_k == "history" else []
-    verdict = judge(data, criteria, history)
+    data, verdict = judge_streams(data, criteria, history)  # = judge for one stream
     if note:
         verdict.warnings.insert(0, note)
     return data, verdict

@@ -11,12 +11,14 @@ glue; the pure modules (model, stats, verdict, diagnosis) never import it.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from soakd.analysis.model import RunData, RunMeta
 from soakd.store import rundata as q
+from soakd.store.gpu_samples import load_gpu_columns
 from soakd.store.runs import RunRow, get_run
 
 __all__ = ["RunData", "RunMeta", "load_run_data", "make_run_data"]
@@ -100,13 +102,85 @@ def _meta_from_row(row: RunRow) -> RunMeta:
     )
 
 
-def load_run_data(conn: sqlite3.Connection, run_id: str) -> RunData:
-    """Read one run's rows into RunData (raises soakd.store.runs.RunNotFound)."""
+#: runs with more frame + telemetry rows than this are judged on the bounded path (their
+#: rows streamed, never loaded whole: ``soakd.analysis.digest``); 4 M rows is about 28
+#: hours at 30 fps with samples every 100 ms, some 700 MB as arrays
+BOUNDED_ROWS = 4_000_000
+
+
+def use_bounded(meta: RunMeta, frames: int, samples: int) -> bool:
+    """The documented switch: more than BOUNDED_ROWS rows, and a run the bounded path
+    covers (one stream, not a generator: those are always loaded whole)."""
+    streams = meta.setting("run", "streams")
+    one_stream = not isinstance(streams, int) or streams <= 1
+    return frames + samples > BOUNDED_ROWS and meta.shape != "generator" and one_stream
+
+
+class StoreSource:
+    """A run's rows left in the store, read on demand (``digest.RowSource``). The
+    connection must stay open until the run is judged."""
+
+    def __init__(self, conn: sqlite3.Connection, run_id: str) -> None:
+        self.conn, self.run_id = conn, run_id
+
+    def measured_chunks(self, t0: float, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        return q.measured_chunks(self.conn, self.run_id, t0, names)
+
+    def frame_groups(
+        self, t0: float, width: float, nwin: int, session: bool
+    ) -> dict[str, np.ndarray]:
+        return q.frame_groups(self.conn, self.run_id, t0, width, nwin, session)
+
+    def first_dispatched(self, names: Sequence[str]) -> dict[str, float] | None:
+        return q.first_dispatched(self.conn, self.run_id, names)
+
+    def measured_over(
+        self, t0: float, column: str, cut: float, limit: int
+    ) -> dict[str, np.ndarray]:
+        return q.measured_over(self.conn, self.run_id, t0, column, cut, limit)
+
+    def extent(self) -> tuple[float | None, float | None, float | None]:
+        return q.run_extent(self.conn, self.run_id)
+
+    def sample_windows(
+        self, t0: float, t1: float, width: float, nwin: int
+    ) -> dict[str, np.ndarray]:
+        return q.sample_windows(self.conn, self.run_id, t0, t1, width, nwin)
+
+    def sample_series_chunks(
+        self, column: str, t0: float
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return q.sample_series_chunks(self.conn, self.run_id, column, t0)
+
+
+def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None = None) -> RunData:
+    """Read one run's rows into RunData (raises soakd.store.runs.RunNotFound). A run over
+    BOUNDED_ROWS (``use_bounded``; ``bounded`` forces either path) keeps its frames and
+    samples in the store: ``RunData.source`` reads them while it is judged."""
     meta = _meta_from_row(get_run(conn, run_id))
-    extra = {"session": ("output_latency_ms", "session_dropped"), "generator": ("first_emit_ms",)}
+    if bounded is None:
+        bounded = use_bounded(meta, *q.count_rows(conn, run_id))
+    if bounded:
+        return _bounded_run_data(conn, run_id, meta)
+    extra = {
+        "session": ("output_latency_ms", "session_dropped", "consume_ms", "consume_output_ms"),
+        "generator": ("first_emit_ms",),
+    }
     frames = q.load_frame_columns(conn, run_id, extra.get(meta.shape, ()))
     samples = q.load_sample_columns(conn, run_id)
     emissions = q.load_emission_columns(conn, run_id)
     events, counts = q.load_events(conn, run_id)
     errors = q.load_error_messages(conn, run_id)
-    return RunData(meta, frames, samples, emissions, events, counts, errors)
+    gpus = load_gpu_columns(conn, run_id)  # per GPU, when the run sampled several
+    return RunData(meta, frames, samples, emissions, events, counts, errors, gpus)
+
+
+def _bounded_run_data(conn: sqlite3.Connection, run_id: str, meta: RunMeta) -> RunData:
+    """RunData with empty frame and sample columns and a StoreSource."""
+    empty = make_run_data(meta)
+    events, counts = q.load_events(conn, run_id)
+    return RunData(
+        meta, empty.frames, empty.samples, empty.emissions, events, counts,
+        q.load_error_messages(conn, run_id), load_gpu_columns(conn, run_id),
+        source=StoreSource(conn, run_id),
+    )  # fmt: skip

@@ -15,9 +15,12 @@ frame. A tick is lost when its frame was
 * ``unaccounted``: captured (summary ``frames_captured``) but in none of the kinds above.
 
 Counts come from the rows where they can (post-warm-up only) and from ``runs.summary`` for
-what rows cannot show. A summary key an older soakd did not write is unknown (None), never
-zero; missed ticks are counted over the whole run, since the summary does not say when they
-happened (a slow grab during the warm-up counts too: the safe side).
+what rows cannot show. With ``run.streams = N`` each row's ``drop_count`` / ``stale_count``
+counts its own stream's losses: ``running_total`` sums them into one counter for all the
+streams, so one stream's lower counter after another's is never read as a reset. A summary
+key an older soakd did not write is unknown (None), never zero; missed ticks are counted
+over the whole run, since the summary does not say when they happened (a slow grab during
+the warm-up counts too: the safe side).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from soakd.analysis.model import RunData
+from soakd.analysis.model import RunData, RunMeta
 
 #: loss kinds in report order, with the words the report uses
 KINDS: tuple[tuple[str, str], ...] = (
@@ -75,11 +78,27 @@ class Losses:
         return ", ".join(parts)
 
 
+def running_total(stream: np.ndarray, counter: np.ndarray) -> np.ndarray:
+    """All streams' losses up to each row: the sum over the streams of each one's latest
+    cumulative ``counter`` at or before that row (rows in capture order; ``stream`` the
+    rows' stream ids, NaN read as 0). One stream: the counter itself."""
+    ids = np.nan_to_num(stream).astype(np.int64)
+    c = np.nan_to_num(counter)
+    if not ids.size or ids.min() == ids.max():
+        return c
+    total = np.zeros(c.size)
+    for s in np.unique(ids):
+        own = np.where(ids == s, c, np.nan)
+        total += np.nan_to_num(np.fmax.accumulate(own))  # carried forward past other rows
+    return total
+
+
 def _row_counts(d: RunData, post: np.ndarray) -> tuple[float, float, float, float, float]:
-    """(dropped, stale, session_dropped) after the warm-up from the rows' running counters,
-    and the largest drop / stale counter of any row."""
-    drop = np.nan_to_num(d.frame("drop_count"))
-    stale = np.nan_to_num(d.frame("stale_count"))
+    """(dropped, stale, session_dropped) after the warm-up from the rows' running counters
+    (all streams together), and the largest drop / stale counter of any row."""
+    stream = d.frame("stream")
+    drop = running_total(stream, d.frame("drop_count"))
+    stale = running_total(stream, d.frame("stale_count"))
     sess = np.fmax.accumulate(np.nan_to_num(d.frame("session_dropped")))
     pre = ~post
     out = []
@@ -94,19 +113,29 @@ def _row_counts(d: RunData, post: np.ndarray) -> tuple[float, float, float, floa
 
 def count_losses(d: RunData, post: np.ndarray) -> Losses:
     """The losses of a run whose post-warm-up rows are ``post`` (a mask over the rows)."""
-    m = d.meta
-    dropped, stale, sess, top_drop, top_stale = _row_counts(d, post)
+    first = float(d.frames["frame_id"][post].min()) if post.any() else None
+    return tally_losses(d.meta, _row_counts(d, post), int(post.sum()), first)
+
+
+def tally_losses(
+    m: RunMeta,
+    row_counts: tuple[float, float, float, float, float],
+    rows: int,
+    first_post: float | None,
+) -> Losses:
+    """The losses from the rows' counts (``_row_counts``: dropped, stale, session_dropped
+    after the warm-up, the largest drop / stale counter), the post-warm-up rows and the
+    first of their frame ids (the capture index), with the summary's counters."""
+    dropped, stale, sess, top_drop, top_stale = row_counts
     # frames dropped or skipped after the last row: the summary's totals know them
     dropped += max((m.counter("drops") or 0.0) - top_drop, 0.0)
     stale += max((m.counter("stale") or 0.0) - top_stale, 0.0)
     queued, in_flight = m.counter("queued_at_end"), m.counter("in_flight_at_end")
     missed = m.counter("pacer_missed_ticks")
-    rows = int(post.sum())
     captured = rows + dropped + (queued or 0.0) + (in_flight or 0.0)
     unaccounted = None
     total = m.counter("frames_captured")
-    if total is not None and post.any():
-        first_post = float(d.frames["frame_id"][post].min())  # frame_id = capture index
+    if total is not None and first_post is not None:
         unaccounted = max(total - first_post - captured, 0.0)
     counts: dict[str, float | None] = {
         "dropped": dropped,

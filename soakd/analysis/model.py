@@ -50,6 +50,25 @@ def floor_window_s(span: float, configured: float) -> tuple[float, str | None]:
     return w, None
 
 
+#: (criterion, sample column, title) of the memory-trend criteria
+MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("memory_rss", "rss_bytes", "Process RSS"),
+    ("memory_gpu", "gpu_mem_used_bytes", "GPU memory used"),
+    ("memory_gpu_proc", "gpu_proc_mem_bytes", "This process's GPU memory"),
+    ("memory_torch_reserved", "torch_reserved_bytes", "Torch allocator reserved"),
+)
+
+
+def jitter_allowed(crit: Any, n: int) -> int:
+    """Frames over k x median the jitter rule allows among ``n``: none for ``"max"``;
+    ``jitter_max_exceed``, or the ``jitter_max_exceed_fraction`` share if more, for
+    ``"count"``."""
+    allowed = 0 if crit.jitter_rule == "max" else max(crit.jitter_max_exceed, 0)
+    if crit.jitter_rule == "count":
+        allowed = max(allowed, math.floor(crit.jitter_max_exceed_fraction * n))
+    return int(allowed)
+
+
 # --------------------------------------------------------------------------- run data
 
 
@@ -124,6 +143,12 @@ class RunData:
     events: list[dict[str, Any]] = field(default_factory=list)
     event_counts: dict[str, int] = field(default_factory=dict)
     error_messages: list[tuple[str, int]] = field(default_factory=list)
+    #: per GPU sampled apart (run.gpus, NVML index): ``t`` and gpu_samples.mem_used_bytes;
+    #: empty for a run on one GPU (soakd.analysis.devices)
+    gpus: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: a run too long to load (soakd.analysis.data.BOUNDED_ROWS): ``frames`` and ``samples``
+    #: are empty and ``judge`` streams the rows from here (soakd.analysis.digest.RowSource)
+    source: Any = None
 
     @property
     def n_frames(self) -> int:
@@ -239,6 +264,9 @@ class Verdict:
     window: dict[str, Any] = field(default_factory=dict)
     series: dict[str, Windows] = field(default_factory=dict)
     trends: dict[str, Trend] = field(default_factory=dict)
+    #: set on the bounded path (frames never loaded): the reports' per-stage numbers
+    #: (``digest.FrameDigest.frame_summary``)
+    frame_summary: dict[str, Any] | None = None
 
     def get(self, criterion: str) -> CriterionResult | None:
         return next((c for c in self.criteria if c.criterion == criterion), None)

@@ -47,6 +47,21 @@ class Windows:
         return self.count > 0
 
 
+def window_count(lo: float, hi: float, width_s: float) -> int:
+    """How many windows ``window_reduce`` lays from ``lo`` to ``hi``: whole widths, plus a
+    last one when the remainder is at least half a width (a shorter stub is merged)."""
+    span = max(hi - lo, 0.0)
+    nwin = max(1, math.floor(span / width_s))
+    if span - nwin * width_s >= width_s / 2:
+        nwin += 1
+    return nwin
+
+
+def window_index(t: np.ndarray, lo: float, width_s: float, nwin: int) -> np.ndarray:
+    """The window of each time ``t`` (in [lo, hi]) as ``window_reduce`` assigns it."""
+    return np.clip(((t - lo) / width_s).astype(np.int64), 0, nwin - 1)
+
+
 def window_reduce(
     t: np.ndarray,
     y: np.ndarray,
@@ -68,13 +83,10 @@ def window_reduce(
         return Windows(empty, empty.astype(np.int64), empty, empty, empty, width_s)
     lo = float(t.min()) if t0 is None else t0
     hi = float(t.max()) if t1 is None else t1
-    span = max(hi - lo, 0.0)
-    nwin = max(1, math.floor(span / width_s))
-    if span - nwin * width_s >= width_s / 2:
-        nwin += 1
+    nwin = window_count(lo, hi, width_s)
     keep = (t >= lo) & (t <= hi)
     t, y = t[keep], y[keep]
-    idx = np.clip(((t - lo) / width_s).astype(np.int64), 0, nwin - 1)
+    idx = window_index(t, lo, width_s, nwin)
     if idx.size > 1 and not bool(np.all(idx[1:] >= idx[:-1])):  # frames/samples are sorted
         order = np.argsort(idx, kind="stable")
         idx, y = idx[order], y[order]

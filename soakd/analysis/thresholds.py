@@ -12,13 +12,16 @@ has no data is INVALID, never passed. The run's live ``ThresholdWatch``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from soakd.analysis.losses import count_losses
 from soakd.analysis.model import FAIL, PASS, CriterionResult, RunData
 from soakd.config import CriteriaSettings, Threshold
+
+if TYPE_CHECKING:
+    from soakd.analysis.digest import FrameDigest
 
 #: the event the runner stores when an ``abort_on_fail`` threshold ended the run
 ABORT_EVENT = "threshold_abort"
@@ -104,10 +107,41 @@ def _measure(data: RunData, th: Threshold) -> tuple[float | None, float, str]:
     return rate(lost, captured), captured, "frames captured after the warm-up"
 
 
-def judge_threshold(data: RunData, th: Threshold) -> CriterionResult:
-    """One threshold as a criterion: PASS when it holds, FAIL when not, INVALID on no data."""
+def _measure_streamed(
+    data: RunData, th: Threshold, dg: FrameDigest
+) -> tuple[float | None, float, str]:
+    """``_measure`` on a streamed run: frame columns from their exact order statistics,
+    a sample column's min / max from the per-window view (its other statistics need every
+    sample: not computed there, so the threshold is INVALID), rates from the counters."""
+    if th.source == "frames":
+        q = dg.quantiles.get(th.column)
+        if q is None or not q.n:
+            return None, 0.0, "measured frames"
+        by = {"count": float(q.n), "min": q.min, "max": q.max, "avg": q.mean, "mean": q.mean}
+        value = q.percentile(th.q) if th.q is not None else by.get(th.stat)
+        return (q.median() if th.stat == "med" else value), float(q.n), "measured frames"
+    if th.source == "samples":
+        if th.stat not in ("min", "max"):
+            return None, 0.0, "samples after the warm-up (only min / max on the bounded path)"
+        values = data.sample(th.column)[data.samples["t"] >= dg.t0]
+        return statistic(th, values), float(np.isfinite(values).sum()), "sample windows"
+    loss = dg.loss
+    captured = loss.ticks - (loss.counts["missed_ticks"] or 0.0)
+    lost = {
+        "drops": loss.counts["dropped"] or 0.0,
+        "stale": loss.counts["stale"] or 0.0,
+        "errors": float(dg.counters.err_post),
+    }[th.column]
+    return rate(lost, captured), captured, "frames captured after the warm-up"
+
+
+def judge_threshold(
+    data: RunData, th: Threshold, digest: FrameDigest | None = None
+) -> CriterionResult:
+    """One threshold as a criterion: PASS when it holds, FAIL when not, INVALID on no data
+    (``digest``: the run was streamed, see ``_measure_streamed``)."""
     title = f"Threshold {th.text}"
-    value, n, over = _measure(data, th)
+    value, n, over = _measure_streamed(data, th, digest) if digest else _measure(data, th)
     if value is None:
         return CriterionResult.invalid(
             th.id, title, threshold=th.limit, unit=_unit(th),
@@ -128,9 +162,11 @@ def judge_threshold(data: RunData, th: Threshold) -> CriterionResult:
     )
 
 
-def judge_thresholds(data: RunData, criteria: CriteriaSettings) -> list[CriterionResult]:
+def judge_thresholds(
+    data: RunData, criteria: CriteriaSettings, digest: FrameDigest | None = None
+) -> list[CriterionResult]:
     """Every ``criteria.thresholds`` item, in order."""
-    return [judge_threshold(data, t.parsed()) for t in criteria.thresholds]
+    return [judge_threshold(data, t.parsed(), digest) for t in criteria.thresholds]
 
 
 def ended_by_threshold(data: RunData, results: Sequence[CriterionResult]) -> CriterionResult | None:

@@ -25,12 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from soakd.analysis import stats
+from soakd.analysis import devices, stats
 from soakd.analysis.diagnosis import diagnose
+from soakd.analysis.digest import FrameDigest, digest_run
 from soakd.analysis.losses import count_losses
 from soakd.analysis.model import (
     FAIL,
     INVALID,
+    MEMORY_METRICS,
     MIB,
     MIN_WINDOWS,
     NA,
@@ -43,6 +45,7 @@ from soakd.analysis.model import (
     Verdict,
     age_window_s,
     floor_window_s,
+    jitter_allowed,
 )
 from soakd.analysis.thresholds import ended_by_threshold, judge_thresholds
 from soakd.config import CriteriaSettings
@@ -65,13 +68,6 @@ __all__ = [
 DEFAULT_JITTER_K = 5.0  # used when jitter_k = "history" has too little history
 HISTORY_MARGIN = 1.25  # k from history = margin x the largest passing ratio
 
-MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("memory_rss", "rss_bytes", "Process RSS"),
-    ("memory_gpu", "gpu_mem_used_bytes", "GPU memory used"),
-    ("memory_gpu_proc", "gpu_proc_mem_bytes", "This process's GPU memory"),
-    ("memory_torch_reserved", "torch_reserved_bytes", "Torch allocator reserved"),
-)
-
 
 @dataclass(slots=True)
 class _Ctx:
@@ -83,6 +79,8 @@ class _Ctx:
     post: np.ndarray  # bool mask: post-warm-up rows (dispatched or skipped)
     series: dict[str, stats.Windows]
     trends: dict[str, stats.Trend]
+    #: the bounded path's streamed run (frames not loaded; ``data`` holds its telemetry view)
+    digest: FrameDigest | None = None
 
     @property
     def span(self) -> float:
@@ -188,9 +186,11 @@ def _untested(ctx: _Ctx, tr: stats.Trend, what: str, need_s: float) -> str:
 
 
 def judge_run_validity(ctx: _Ctx) -> CriterionResult:
-    d, c = ctx.data, ctx.crit
-    n_meas = int(ctx.measured.sum())
+    d, c, dg = ctx.data, ctx.crit, ctx.digest
+    n_meas = dg.n_measured if dg else int(ctx.measured.sum())
     dur = _f(d.meta.duration_s)
+    if dur is None and dg:
+        dur = max(dg.counters.last_capture, 0.0)
     if dur is None:
         t = d.frames["t_capture"]
         dur = float(t.max()) if t.size else 0.0
@@ -270,16 +270,24 @@ def _loss_rates(
     t = ctx.data.frames["t_capture"][ctx.post]
     win = stats.window_reduce(t, lost_cum, w, t0=ctx.t0, t1=ctx.t1, medians=False)
     dwin = stats.window_reduce(t, drop, w, t0=ctx.t0, t1=ctx.t1, medians=False)
-    rates = np.full(len(win.t), np.nan)
-    for i in range(len(win.t)):
-        if win.count[i] == 0:
+    return loss_rates(win.t, win.count, win.max, dwin.max, w, prev_lost, prev_drop)
+
+
+def loss_rates(
+    t: np.ndarray, count: np.ndarray, lost_max: np.ndarray, drop_max: np.ndarray, w: float,
+    prev_lost: float, prev_drop: float,
+) -> stats.Windows:  # fmt: skip
+    """``_loss_rates`` from per-window row counts and largest running counters."""
+    rates = np.full(len(t), np.nan)
+    for i in range(len(t)):
+        if count[i] == 0:
             continue
-        lost_i = win.max[i] - prev_lost
-        drop_i = dwin.max[i] - prev_drop
-        cap_i = win.count[i] + max(drop_i, 0.0)
+        lost_i = lost_max[i] - prev_lost
+        drop_i = drop_max[i] - prev_drop
+        cap_i = count[i] + max(drop_i, 0.0)
         rates[i] = max(lost_i, 0.0) / cap_i if cap_i else np.nan
-        prev_lost, prev_drop = win.max[i], dwin.max[i]
-    return stats.Windows(win.t, win.count, rates, rates, rates, w)
+        prev_lost, prev_drop = lost_max[i], drop_max[i]
+    return stats.Windows(t, count, rates, rates, rates, w)
 
 
 def _recent_rate(rates: stats.Windows) -> float | None:
@@ -298,8 +306,8 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
     or when the per-window loss rate of the rows rises significantly past it."""
     d, c = ctx.data, ctx.crit
     title = "Lost frames"
-    post = ctx.post
-    if not post.any():
+    post, dg = ctx.post, ctx.digest
+    if not (dg.counters.post if dg else post.any()):
         return CriterionResult.invalid(
             "drops",
             title,
@@ -307,11 +315,15 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
             unit="fraction",
             detail="no post-warm-up frames",
         )
-    lost_cum, drop, base, _ = _loss_counters(d, post)
-    loss = count_losses(d, post)
-    frac = loss.fraction
     w = age_window_s(ctx.span, d.meta.fps)
-    rates = _loss_rates(ctx, lost_cum[post], drop[post], w, sum(base), base[0])
+    if dg:
+        loss, dw = dg.loss, dg.drops
+        rates = loss_rates(dw.centres, dw.count, dw.lost_max, dw.drop_max, w, *dg.prev)
+    else:
+        lost_cum, drop, base, _ = _loss_counters(d, post)
+        loss = count_losses(d, post)
+        rates = _loss_rates(ctx, lost_cum[post], drop[post], w, sum(base), base[0])
+    frac = loss.fraction
     ctx.series["drop_rate"] = rates
     tr = stats.trend(rates.t, rates.median, c.alpha)
     ctx.trends["drop_rate"] = tr
@@ -395,10 +407,17 @@ def _backlog(ctx: _Ctx, t: np.ndarray, w: float) -> dict[str, Any] | None:
     ok = np.isfinite(q) & np.isfinite(t)
     if not ok.any():
         return None
-    win = stats.window_reduce(t[ok], q[ok], w, t0=ctx.t0, t1=ctx.t1)
+    return _backlog_trend(ctx, stats.window_reduce(t[ok], q[ok], w, t0=ctx.t0, t1=ctx.t1))
+
+
+def _backlog_trend(ctx: _Ctx, win: stats.Windows) -> dict[str, Any] | None:
+    """The backlog evidence from the queue length's windows (see ``_backlog``)."""
+    fps = ctx.data.meta.fps
+    if not fps:
+        return None
     has = win.nonempty()
     wt, wq = win.t[has], win.median[has]
-    queued = d.meta.counter("queued_at_end")
+    queued = ctx.data.meta.counter("queued_at_end")
     if queued is not None:
         wt, wq = np.append(wt, ctx.t1), np.append(wq, queued)
     tr = stats.trend(wt, wq, ctx.crit.alpha)
@@ -459,11 +478,13 @@ def _age_outcome(
 
 
 def judge_frame_age(ctx: _Ctx) -> CriterionResult:
-    d, c = ctx.data, ctx.crit
+    d, c, dg = ctx.data, ctx.crit, ctx.digest
     generator = d.meta.shape == "generator"
+    thr = c.max_age_slope_ms_per_min
+    if dg:
+        return _age_streamed(ctx, dg)
     name, title, what, t, y = _age_series(ctx)
     ok = np.isfinite(y)
-    thr = c.max_age_slope_ms_per_min
     if not ok.any():
         return CriterionResult.invalid(
             name,
@@ -479,18 +500,48 @@ def judge_frame_age(ctx: _Ctx) -> CriterionResult:
     rate = y.size / ctx.span if generator and ctx.span > 0 else d.meta.fps
     w = age_window_s(ctx.span, rate)
     win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1)
+    levels = (float(np.median(y)), float(np.percentile(y, 95)), float(y.max()))
+    return age_result(ctx, (name, title, what), win, levels, backlog, rate)
+
+
+def _age_streamed(ctx: _Ctx, dg: FrameDigest) -> CriterionResult:
+    """The age criterion of a streamed run (frame age only: no generator on that path)."""
+    q = dg.quantiles["frame_age_ms"]
+    thr = ctx.crit.max_age_slope_ms_per_min
+    words = ("frame_age", "Stable frame age", "frame-age growth")
+    if not q.n:
+        return CriterionResult.invalid(
+            words[0], words[1], threshold=thr, unit="ms/min", detail="no frame ages measured"
+        )
+    queue = dg.backlog
+    backlog = _backlog_trend(ctx, queue) if queue is not None and queue.count.any() else None
+    levels = (q.median(), q.percentile(95.0), q.max)
+    return age_result(ctx, words, dg.age, levels, backlog, ctx.data.meta.fps)
+
+
+def age_result(
+    ctx: _Ctx,
+    words: tuple[str, str, str],
+    win: stats.Windows,
+    levels: tuple[float, float, float],
+    backlog: dict[str, Any] | None,
+    rate: float | None,
+) -> CriterionResult:
+    """The age criterion from its windows and (median, p95, max) of its values."""
+    c, generator = ctx.crit, ctx.data.meta.shape == "generator"
+    name, title, what = words
+    thr = c.max_age_slope_ms_per_min
     ctx.series[name] = win
     has = win.nonempty()
     tr = stats.trend(win.t[has], win.median[has], c.alpha)
     ctx.trends[name] = tr
     call = _call_trend(tr, win.t[has], win.median[has], c.alpha, thr / 60)
-    p95 = float(np.percentile(y, 95))
-    med = float(np.median(y))
+    med, p95, mx = levels
     ev: dict[str, Any] = {
         "median_ms": med,
         "p95_ms": p95,
-        "max_ms": float(y.max()),
-        "window_s": w,
+        "max_ms": mx,
+        "window_s": win.width_s,
         "decided_by": call.how,
         **_trend_fields(tr, 60.0),
     }
@@ -578,7 +629,9 @@ def _judge_memory_metric(
         "first_floor_mb": float(floors[0] / MIB),
         "last_floor_mb": float(floors[-1] / MIB),
         "peak_mb": float(y.max() / MIB),
-        "sawtooth": _sawtooth(t, y),
+        "sawtooth": ctx.digest.sawtooth[name]
+        if ctx.digest and name in ctx.digest.sawtooth
+        else _sawtooth(t, y),
         "decided_by": call.how,
         **_trend_fields(tr, per),
     }
@@ -608,6 +661,19 @@ def _judge_memory_metric(
         evidence=ev,
         warnings=_detectability(ctx, tr, per, thr, "leaks", "MB/min"),
     )
+
+
+def judge_gpu_devices(ctx: _Ctx) -> list[CriterionResult]:
+    """``memory_gpu[i]`` for each GPU sampled apart (soakd.analysis.devices): the rule of
+    ``memory_gpu`` on that GPU's used memory; none for a run on one GPU."""
+    w, _note = floor_window_s(ctx.span, ctx.crit.floor_window_s)
+    thr = ctx.crit.max_memory_growth_mb_per_min
+    return [
+        _judge_memory_metric(ctx, s.name, s.title, s.t, s.y, w)
+        if s.y.size
+        else devices.unreported(s, thr)
+        for s in devices.memory_series(ctx.data, ctx.t0)
+    ]
 
 
 def _memory_limit(ctx: _Ctx, name: str) -> tuple[float, str, float] | None:
@@ -818,21 +884,18 @@ def resolve_jitter_k(crit: CriteriaSettings, history: Sequence[float]) -> tuple[
 
 
 def _exceedances(
-    ctx: _Ctx, y: np.ndarray, fid: np.ndarray, t: np.ndarray, k: float, med: float
+    ctx: _Ctx, over: tuple[np.ndarray, np.ndarray, np.ndarray], kth: float, n: int, med: float
 ) -> dict[str, Any]:
-    """Frames over k x median: how many, how many the rule allows, when (first / last t),
-    whether they recur at regular positions, and ``robust_ratio``: the ratio to the median
-    of the largest frame left once the allowed ones are set aside (what the rule judges)."""
+    """Frames over k x median (``over``: their values, frame ids and times, among ``n``):
+    how many, how many the rule allows, when (first / last t), whether they recur at
+    regular positions, and ``robust_ratio``: the ratio to the median of ``kth``, the
+    largest frame left once the allowed ones are set aside (what the rule judges)."""
     c = ctx.crit
-    over = y > k * med
-    n_over = int(over.sum())
-    allowed = 0 if c.jitter_rule == "max" else max(c.jitter_max_exceed, 0)
-    if c.jitter_rule == "count":
-        allowed = max(allowed, math.floor(c.jitter_max_exceed_fraction * y.size))
-    desc = np.sort(y)[::-1]
-    kth = float(desc[min(allowed, desc.size - 1)])
+    y, fid, t = over
+    n_over = int(y.size)
+    allowed = jitter_allowed(c, n)
     robust = kth / med if med > 0 else (1.0 if kth == 0 else math.inf)
-    per = stats.tail_periodicity(fid[over])
+    per = stats.tail_periodicity(fid)
     ev: dict[str, Any] = {
         "rule": c.jitter_rule,
         "exceed_count": n_over,
@@ -842,8 +905,8 @@ def _exceedances(
         "robust_ratio": robust if math.isfinite(robust) else None,
     }
     if n_over:
-        ev["exceed_first_t"] = float(t[over].min())
-        ev["exceed_last_t"] = float(t[over].max())
+        ev["exceed_first_t"] = float(t.min())
+        ev["exceed_last_t"] = float(t.max())
     return ev
 
 
@@ -880,8 +943,9 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
     d, c = ctx.data, ctx.crit
     k, k_note = resolve_jitter_k(c, history)
     title = "Infer jitter"
-    src = _jitter_source(ctx)
-    if src is None:
+    dg = ctx.digest
+    src = None if dg else _jitter_source(ctx)
+    if (dg.jitter is None) if dg else (src is None):
         if d.meta.shape == "session":
             return CriterionResult.na(
                 "jitter",
@@ -893,21 +957,34 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
         return CriterionResult.invalid(
             "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"
         )
-    col, y, fid, t = src
-    med = float(np.median(y))
-    mx = float(y.max())
+    if dg and dg.jitter:
+        j = dg.jitter
+        col, levels, tail = j.column, j.levels, j.tail
+        ex = _exceedances(ctx, j.over, j.kth, j.n, levels["median_ms"])
+    elif src is not None:
+        col, y, fid, t = src
+        levels = {
+            "median_ms": float(np.median(y)),
+            "max_ms": float(y.max()),
+            "p99_ms": float(np.percentile(y, 99)),
+            "max_frame_id": float(fid[int(np.argmax(y))]),
+        }
+        over = y > k * levels["median_ms"]
+        kth = float(np.sort(y)[::-1][min(jitter_allowed(c, y.size), y.size - 1)])
+        ex = _exceedances(ctx, (y[over], fid[over], t[over]), kth, y.size, levels["median_ms"])
+        tail = _tail(y, fid)
+    med, mx = levels["median_ms"], levels["max_ms"]
     ratio = mx / med if med > 0 else (1.0 if mx == 0 else math.inf)
-    ex = _exceedances(ctx, y, fid, t, k, med)
     ev: dict[str, Any] = {
         "source": col,
         "median_ms": med,
         "max_ms": mx,
         "max_ratio": ratio if math.isfinite(ratio) else None,
-        "p99_ms": float(np.percentile(y, 99)),
+        "p99_ms": levels["p99_ms"],
         "k": k,
         "k_source": k_note,
-        "max_frame_id": float(fid[int(np.argmax(y))]),
-        **_tail(y, fid),
+        "max_frame_id": levels["max_frame_id"],
+        **tail,
         "history_runs": len(history),
         **ex,
     }
@@ -931,10 +1008,10 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
 
 
 def judge_errors(ctx: _Ctx) -> CriterionResult:
-    d, c = ctx.data, ctx.crit
+    d, c, dg = ctx.data, ctx.crit, ctx.digest
     err = d.frame("has_error") > 0
-    n_post = int((err & ctx.post).sum())
-    n_warm = int((err & ~ctx.post).sum())
+    n_post = dg.counters.err_post if dg else int((err & ctx.post).sum())
+    n_warm = dg.counters.err_warm if dg else int((err & ~ctx.post).sum())
     ev: dict[str, Any] = {
         "errors": n_post,
         "warmup_errors": n_warm,
@@ -964,18 +1041,26 @@ def judge_errors(ctx: _Ctx) -> CriterionResult:
 def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = ()) -> Verdict:
     """Judge a run against ``criteria``. ``history``: jitter ratios (max/median) of earlier
     passing runs of the same config on this host, newest first (used when
-    ``jitter_k = "history"``)."""
-    t0 = data.warmup_end()
-    t1 = data.window_end(t0)
+    ``jitter_k = "history"``).
+
+    A run whose rows stayed in the store (``data.source``: too long to load) is streamed
+    into a ``digest.FrameDigest`` first and judged by the same criteria on it."""
+    dg = None
+    if data.source is not None:
+        dg = digest_run(data, criteria, resolve_jitter_k(criteria, history)[0])
+        data = dg.view
+    t0 = dg.t0 if dg else data.warmup_end()
+    t1 = dg.t1 if dg else data.window_end(t0)
     post = data.post_warmup(t0)
     measured = data.measured(t0)
-    ctx = _Ctx(data, criteria, t0, t1, measured, post, {}, {})
-    thresholds = judge_thresholds(data, criteria)
+    ctx = _Ctx(data, criteria, t0, t1, measured, post, {}, {}, dg)
+    thresholds = judge_thresholds(data, criteria, dg)
     results = [
         judge_run_validity(ctx),
         judge_drops(ctx),
         judge_frame_age(ctx),
         *judge_memory(ctx),
+        *judge_gpu_devices(ctx),
         judge_jitter(ctx, history),
         judge_errors(ctx),
         *thresholds,
@@ -989,11 +1074,18 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
         reason=reason,
         criteria=results,
         warnings=warnings,
-        window={"t0": t0, "t1": t1, "measured_frames": int(measured.sum())},
+        window={
+            "t0": t0,
+            "t1": t1,
+            "measured_frames": dg.n_measured if dg else int(measured.sum()),
+        },
         series=ctx.series,
         trends=ctx.trends,
     )
-    v.hints = diagnose(data, v, criteria)
+    v.hints = diagnose(data, v, criteria)  # on a digest's view: the loss hints only
+    if dg:
+        v.frame_summary = dg.frame_summary()
+        v.warnings += dg.notes
     return v
 
 

@@ -32,7 +32,10 @@ from soakd.store import runs
 
 EXPORT_FORMATS = ("csv", "jsonl", "parquet")
 FORMAT_HELP = "csv (header row), jsonl (one JSON object a row) or parquet (needs -o)."
-TABLE_HELP = "Which rows: frames (one per frame), samples (telemetry) or emissions."
+TABLE_HELP = (
+    "Which rows: frames (one per frame), samples (telemetry), gpu_samples (one per GPU per"
+    " tick, runs on several GPUs) or emissions."
+)
 PARQUET_MISSING = (
     "-f parquet needs pyarrow, which is not installed: pip install 'soakd[export]'"
     " (or pip install pyarrow)"

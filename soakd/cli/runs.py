@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from soakd.analysis.streams import stored_streams
 from soakd.cli.common import (
     DB_HELP,
     RUN_MODES,
@@ -29,7 +30,9 @@ from soakd.cli.common import (
 from soakd.cli.output import print_rich, write_output
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
+from soakd.report.console import format_streams_table
 from soakd.store import queries, runs
+from soakd.store.rundata import load_verdict_rows
 
 RUNS_FORMAT_HELP = "table (people) or json (one JSON object a line)."
 SHOW_FORMAT_HELP = "text (tables) or json (one object: run, stages, events)."
@@ -130,13 +133,15 @@ def show_cmd(
             stages = queries.stage_stats(conn, rid)
             evs = queries.events(conn, rid, SHOW_EVENTS)
             peak_rss = queries.peak(conn, rid, "rss_bytes")
+            streams = stored_streams(load_verdict_rows(conn, rid))  # run.streams > 1 only
         except SoakdError as exc:
             raise error(str(exc), exc.exit_code) from None
     if as_json or fmt == "json":
-        doc = {"run": run, "stages": stages, "events": evs[:50]}
+        doc = {"run": run, "stages": stages, "events": evs[:50], "streams": streams}
         write_output(json.dumps(doc, default=str, indent=2), output)
         return
-    print_rich(_show_text(run, stages, evs, peak_rss), output)
+    shown = _show_text(run, stages, evs, peak_rss)
+    print_rich([*shown, format_streams_table(streams)] if streams else shown, output)
 
 
 def _show_text(

@@ -27,6 +27,9 @@ soakd_gpu_memory_used_bytes / _total_bytes       gauge
 soakd_gpu_process_memory_bytes                   gauge
 soakd_gpu_utilization_ratio                      gauge      0..1
 soakd_torch_allocated_bytes / _reserved_bytes    gauge
+soakd_gpu_device_memory_used_bytes / _total_bytes  gauge    gpu = NVML index, UUID (below)
+soakd_gpu_device_process_memory_bytes            gauge      gpu, UUID
+soakd_gpu_device_utilization_ratio               gauge      gpu, UUID; 0..1
 soakd_run_elapsed_seconds / _remaining_seconds   gauge
 soakd_run_progress_ratio                         gauge      0..1
 soakd_run_stalled_seconds                        gauge      seconds since a frame finished
@@ -45,6 +48,12 @@ scrape has read the final metrics (status, verdict per criterion) or that many s
 
 A telemetry value that is unknown (no GPU, a probe failed) is not exported until it is first
 known, and exported as NaN if it becomes unknown later: absent never reads as zero.
+
+A run that samples several GPUs (``run.gpus``) exports the ``soakd_gpu_device_*`` series,
+one per GPU, whose ``gpu`` label is the GPU's NVML index and ``UUID`` its UUID, spelled as
+NVIDIA's dcgm-exporter spells them (``DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-..."}``), so
+the two join in PromQL: ``soakd_gpu_device_memory_used_bytes * on(UUID) group_left
+DCGM_FI_DEV_GPU_UTIL``. (On every other series ``gpu`` is the run's GPU name, as before.)
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from soakd.errors import UsageError
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
-from soakd.records import STAGES, Event, FrameRecord, Sample
+from soakd.records import STAGES, DeviceSample, Event, FrameRecord, Sample
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -75,11 +84,14 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     1.0, 2.5, 5.0, 10.0, 30.0, math.inf,
 )  # fmt: skip
 
-RUN_LABELS: tuple[str, ...] = ("run", "config", "gpu")
+#: modelName: the run's GPU model, as dcgm-exporter names it; `gpu` is only ever the NVML
+#: index (on the per-GPU series), so soakd's and dcgm-exporter's series join on it
+RUN_LABELS: tuple[str, ...] = ("run", "config", "modelName")
 #: the labels some series carry beside the run's: a run label may take none of these names
 #: (soakd.config.RESERVED_LABELS holds them all, so a bad name is a config error)
 METRIC_LABELS: tuple[str, ...] = (
     "stage", "kind", "status", "name", "workload", "hostname", "verdict", "criterion", "unit",
+    "gpu", "UUID",
 )  # fmt: skip
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "aborted", "crashed")
 VERDICTS: tuple[str, ...] = ("PASS", "FAIL", "INVALID")
@@ -95,6 +107,15 @@ _SAMPLE_GAUGES: tuple[tuple[str, str, str, float], ...] = (
     ("torch_allocated_bytes", "soakd_torch_allocated_bytes", "torch allocator: allocated.", 1.0),
     ("torch_reserved_bytes", "soakd_torch_reserved_bytes", "torch allocator: reserved.", 1.0),
 )
+
+# gpu_samples.<column> -> (gauge name, help, scale to base unit): one series per GPU
+_DEVICE_GAUGES: tuple[tuple[str, str, str, float], ...] = (
+    ("mem_used_bytes", "soakd_gpu_device_memory_used_bytes", "GPU memory in use, per GPU.", 1.0),
+    ("mem_total_bytes", "soakd_gpu_device_memory_total_bytes", "GPU memory, per GPU.", 1.0),
+    ("proc_mem_bytes", "soakd_gpu_device_process_memory_bytes",
+     "GPU memory of this process, per GPU.", 1.0),
+    ("util_pct", "soakd_gpu_device_utilization_ratio", "GPU utilisation per GPU, 0..1.", 0.01),
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -345,6 +366,7 @@ class MetricsObserver(Observer):
         self._last_drops = 0
         self._last_stale = 0
         self._sample_children: dict[str, Any] = {}
+        self._device_children: dict[tuple[str, int, str], Any] = {}
         self._label_names: tuple[str, ...] | None = None
         self._own: CollectorRegistry | None = None
 
@@ -398,6 +420,10 @@ class MetricsObserver(Observer):
         self.samples = {
             col: Gauge(name, help_, lbl, registry=r) for col, name, help_, _ in _SAMPLE_GAUGES
         }
+        self.devices = {  # ``gpu`` (a run label) holds the NVML index on these
+            col: Gauge(name, help_, [*lbl, "gpu", "UUID"], registry=r)
+            for col, name, help_, _ in _DEVICE_GAUGES
+        }
         self.elapsed = Gauge("soakd_run_elapsed_seconds", "Time since the run began.", lbl,
                              registry=r)  # fmt: skip
         self.remaining = Gauge("soakd_run_remaining_seconds", "Time left of the run.", lbl,
@@ -423,7 +449,7 @@ class MetricsObserver(Observer):
     # --- hooks
     def on_run_start(self, info: RunInfo) -> None:
         own = info.settings.run.labels
-        lv = {"run": info.run_id, "config": info.config_hash, "gpu": info.gpu_name or "none"}
+        lv = {"run": info.run_id, "config": info.config_hash, "modelName": info.gpu_name or "none"}
         lv.update((k, own[k]) for k in sorted(own))
         self._define(tuple(lv))
         self._labels = lv
@@ -431,6 +457,7 @@ class MetricsObserver(Observer):
             self.linger_s = float(getattr(info.settings.service, "metrics_linger_s", 0.0))
         self._last_drops = self._last_stale = 0
         self._sample_children = {}
+        self._device_children = {}
         # children cached once: the per-frame path only calls observe/inc on them
         self._stage = {s: self.stage_latency.labels(**lv, stage=s) for s in STAGES}
         self._age = self.frame_age.labels(**lv)
@@ -496,6 +523,22 @@ class MetricsObserver(Observer):
                 if v is None:
                     continue  # never known: not exported
                 child = self._sample_children[col] = self.samples[col].labels(**self._labels)
+            child.set(math.nan if v is None else float(v) * scale)
+        for d in sample.devices:
+            self._set_device(d)
+
+    def _set_device(self, d: DeviceSample) -> None:
+        """One GPU's gauges, labelled ``gpu`` = NVML index and ``UUID`` as dcgm-exporter."""
+        assert self._labels is not None
+        for col, _name, _help, scale in _DEVICE_GAUGES:
+            v = getattr(d, col)
+            key = (col, d.gpu, d.uuid)
+            child = self._device_children.get(key)
+            if child is None:
+                if v is None:
+                    continue  # never known: not exported
+                labels = {**self._labels, "gpu": str(d.gpu), "UUID": d.uuid}
+                child = self._device_children[key] = self.devices[col].labels(**labels)
             child.set(math.nan if v is None else float(v) * scale)
 
     def on_event(self, event: Event) -> None:

@@ -3,6 +3,9 @@ warnings and hints. Printed after every run (``soakd run``) and by ``soakd gate`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -18,6 +21,7 @@ from soakd.analysis.model import (
     PASS,
     Verdict,
 )
+from soakd.analysis.streams import streams_of
 
 _STYLE = {PASS: "green", FAIL: "bold red", INVALID: "bold yellow", NA: "dim"}
 _OVERALL = {OVERALL_PASS: "bold green", OVERALL_FAIL: "bold red", OVERALL_INVALID: "bold yellow"}
@@ -53,6 +57,9 @@ def format_verdict_table(verdict: Verdict, *, boxed: bool = True) -> RenderableT
             c.detail,
         )
     parts: list[RenderableType] = [table]
+    streams = streams_of(verdict)
+    if streams:
+        parts.append(format_streams_table(streams, boxed=boxed))
     if verdict.status != OVERALL_PASS:
         parts.append(Text(f"reason: {verdict.reason}", style=st))
     for w in verdict.warnings:
@@ -60,3 +67,47 @@ def format_verdict_table(verdict: Verdict, *, boxed: bool = True) -> RenderableT
     for h in verdict.hints:
         parts.append(Text(f"hint: {h}", style="cyan"))
     return Group(*parts)
+
+
+#: the per-stream table's columns: heading, and the text of one stream's result
+STREAM_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("stream", "stream"),
+    ("verdict", "status"),
+    ("frames", "frames"),
+    ("measured", "measured_frames"),
+    ("lost", "loss_fraction"),
+    ("errors", "errors"),
+    ("age p95 ms", "frame_age_p95_ms"),
+    ("reason", "reason"),
+)
+
+
+def stream_cells(r: dict[str, Any]) -> list[str]:
+    """One stream's result as the texts of STREAM_COLUMNS (``-`` where unknown); the
+    reason only when the stream did not pass."""
+    out = []
+    for _, key in STREAM_COLUMNS:
+        v = r.get(key)
+        if key == "reason" and r.get("status") == OVERALL_PASS:
+            v = None
+        if v is None:
+            out.append("-")
+        elif key == "loss_fraction":
+            out.append(f"{v:.2%}")
+        elif isinstance(v, float):
+            out.append(f"{v:.4g}")
+        else:
+            out.append(str(v))
+    return out
+
+
+def format_streams_table(streams: Sequence[dict[str, Any]], *, boxed: bool = True) -> Table:
+    """Each stream's own verdict (``run.streams``): the ``streams`` criterion's evidence."""
+    table = Table(title="per stream", title_justify="left", box=box.HEAVY_HEAD if boxed else None)
+    for head, _ in STREAM_COLUMNS:
+        table.add_column(head, overflow="fold", no_wrap=head != "reason")
+    for r in streams:
+        cells = stream_cells(r)
+        st = _OVERALL.get(str(r.get("status")), "")
+        table.add_row(cells[0], Text(cells[1], style=st), *cells[2:])
+    return table

@@ -96,6 +96,8 @@ def _trend_lines(
 class _Panels:
     def __init__(self, data: RunData, verdict: Verdict) -> None:
         self.data, self.v = data, verdict
+        #: judged on the bounded path: no frame rows here, only the verdict's windows
+        self.bounded = verdict.frame_summary is not None
         t = data.frames["t_capture"]
         st = data.samples["t"]
         hi = max(
@@ -149,7 +151,16 @@ class _Panels:
             y_zero=y_zero,
         )
 
+    def streamed(self, panel: str, title: str) -> str:
+        """The note standing for a per-frame panel of a run judged on the bounded path."""
+        return (
+            f'<p class="note" data-panel="{panel}">{escape(title)}: not drawn for a run judged '
+            "on the bounded path (its frames were streamed, not loaded)</p>"
+        )
+
     def stages(self) -> str:
+        if self.bounded:
+            return self.streamed("stages", "Stage latencies")
         t = self.data.frames["t_capture"]
         ok = self.data.frames["skipped"] == 0
         series = []
@@ -213,10 +224,15 @@ class _Panels:
         series: list[Series] = []
         for crit, col in names:
             y = self.data.sample(col)
-            if not np.isfinite(y).any():
-                continue
-            series.append(Series(col.removesuffix("_bytes"), st, y / MIB, width=1.0))
             w = self.v.series.get(crit)
+            if self.bounded and w is not None and w.nonempty().any():  # window peaks instead
+                has = w.nonempty()
+                label = f"{col.removesuffix('_bytes')} window max"
+                series.append(Series(label, w.t[has], w.max[has] / MIB, width=1.0))
+            elif not np.isfinite(y).any():
+                continue
+            else:
+                series.append(Series(col.removesuffix("_bytes"), st, y / MIB, width=1.0))
             if w is not None:
                 series.append(
                     Series(f"{col.removesuffix('_bytes')} floor", w.t, w.floor / MIB, kind="points")
@@ -246,6 +262,8 @@ class _Panels:
 
     def queue(self) -> str:
         """The frame queue's length when each frame was taken: window medians and maxima."""
+        if self.bounded:
+            return self.streamed("queue", "Queue length")
         t, q = self.data.frames["t_capture"], self.data.frame("queue_len")
         if not np.isfinite(q).any():
             return '<p class="note" data-panel="queue">Queue length: no data</p>'
@@ -259,6 +277,8 @@ class _Panels:
 
     def fps(self) -> str:
         """Achieved frame rate: frames finished (``t_done``) per window, against the target."""
+        if self.bounded:
+            return self.streamed("fps", "Achieved frame rate")
         done = self.data.frame("t_done")
         if not np.isfinite(done).any():
             done = self.data.frames["t_capture"]

@@ -2,7 +2,8 @@
 
 The schema string changes its number only on an incompatible change (a key removed or its
 meaning changed); new keys may appear within a version. Version 2 added ``summary`` (the
-run's numbers: ``soakd.report.summary``), ``environment`` and ``config``.
+run's numbers: ``soakd.report.summary``), ``environment`` and ``config``, and later
+``streams`` (``run.streams``: each stream's own verdict).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from soakd import __version__
 from soakd.analysis.model import RunData, Verdict
+from soakd.analysis.streams import stream_count, streams_of
 from soakd.jsonsafe import clean_json
 from soakd.report.summary import summarize
 
@@ -46,6 +48,7 @@ def verdict_dict(data: RunData, verdict: Verdict) -> dict[str, Any]:
                 "reason": verdict.reason,
             },
             "window": verdict.window,
+            "streams": streams_block(data, verdict),
             "summary": numbers.as_dict(),
             "environment": numbers.environment,
             "config": numbers.config,
@@ -67,6 +70,16 @@ def verdict_dict(data: RunData, verdict: Verdict) -> dict[str, Any]:
             "hints": verdict.hints,
         }
     )
+
+
+def streams_block(data: RunData, verdict: Verdict) -> dict[str, Any]:
+    """``streams``: how many paced sources, the rate of each, and each one's own verdict
+    (``per_stream`` is empty for one stream: the run's verdict is its verdict)."""
+    return {
+        "count": stream_count(data),
+        "fps_each": data.meta.setting("run", "fps"),
+        "per_stream": streams_of(verdict),
+    }
 
 
 def render_json(data: RunData, verdict: Verdict) -> str:

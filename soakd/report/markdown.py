@@ -7,8 +7,11 @@ escaped by ``md_cell``: no raw HTML reaches the page, and no ``|`` or newline br
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from soakd.analysis.model import RunData, Verdict
+from soakd.analysis.streams import stream_count, streams_of
+from soakd.report.console import STREAM_COLUMNS, stream_cells
 from soakd.report.summary import RunSummary, summarize
 from soakd.report.text import plain
 
@@ -48,7 +51,7 @@ def numbers_section(s: RunSummary) -> list[str]:
     and the config (collapsed)."""
     lines = ["", "### Numbers", "", "| stage | n | p50 ms | p95 ms | p99 ms | max ms | first ms |"]
     lines.append("|---|---:|---:|---:|---:|---:|---:|")
-    for name, d in [*s.stages.items(), ("frame age", s.frame_age)]:
+    for name, d in [*s.stages.items(), ("frame age", s.frame_age), *s.session.items()]:
         if not d.n:
             continue
         first = _ms(s.first_ms.get(name))
@@ -58,6 +61,7 @@ def numbers_section(s: RunSummary) -> list[str]:
         )
     ach, tgt = s.fps.get("achieved"), s.fps.get("target")
     c = s.counts
+    lines += questions_lines(s.questions)
     lines += [
         "",
         f"**fps:** {_ms(ach)} achieved vs {_ms(tgt)} target (measured frames / measured s)",
@@ -77,17 +81,46 @@ def numbers_section(s: RunSummary) -> list[str]:
     return lines
 
 
+def questions_lines(questions: list[dict[str, Any]]) -> list[str]:
+    """A session run's questions: when each was pushed and its answer latency (time to the
+    first text chunk after it)."""
+    if not questions:
+        return []
+    parts = [
+        f"{md_cell(repr(q.get('text')))} at {_ms(q.get('t_asked'))} s: "
+        + ("no answer" if q.get("answer_ms") is None else f"answered in {_ms(q['answer_ms'])} ms")
+        for q in questions
+    ]
+    return ["", "**Questions:** " + "; ".join(parts)]
+
+
+def streams_section(verdict: Verdict) -> list[str]:
+    """The "Streams" section (``run.streams`` > 1): each stream's own verdict; [] for one."""
+    streams = streams_of(verdict)
+    if not streams:
+        return []
+    lines = ["", "### Streams", "", "| " + " | ".join(h for h, _ in STREAM_COLUMNS) + " |"]
+    lines.append("|---|---|---:|---:|---:|---:|---:|---|")
+    for r in streams:
+        cells = stream_cells(r)
+        cells[1] = BADGE.get(cells[1], cells[1])
+        lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
+    return lines
+
+
 def render_markdown(data: RunData, verdict: Verdict) -> str:
     """A heading with the verdict, the criteria table, the numbers, then warnings and
     hints."""
     m = data.meta
     dur = f"{m.duration_s:.0f} s" if m.duration_s is not None else "?"
+    n, each = stream_count(data), m.setting("run", "fps")
+    rate = f" at {n} streams x {each:g} fps" if n > 1 and each else f" at {m.fps:g} fps"
     lines = [
         f"## soakd verdict: {BADGE.get(verdict.status, verdict.status)}",
         "",
         f"Run `{m.run_id}`{f' ({md_cell(m.name)})' if m.name else ''}: "
         f"{md_cell(m.workload_kind or '?')} workload on {md_cell(m.device or 'cpu')}, {dur}"
-        f"{f' at {m.fps:g} fps' if m.fps else ''}, {verdict.window.get('measured_frames', 0)}"
+        f"{rate if m.fps else ''}, {verdict.window.get('measured_frames', 0)}"
         f" measured frames, exit code {int(verdict.exit_code)}.",
         "",
     ]
@@ -100,6 +133,7 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
             f"{_num(c.value, c.unit)} | {_num(c.threshold, c.unit)} | {c.unit} | "
             f"{md_cell(c.detail)} |"
         )
+    lines += streams_section(verdict)
     lines += numbers_section(summarize(data, verdict))
     if verdict.warnings:
         lines += ["", "**Warnings**", ""] + [f"- {md_cell(w)}" for w in verdict.warnings]

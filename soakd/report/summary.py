@@ -68,6 +68,10 @@ class RunSummary:
     counts: dict[str, float | None]
     environment: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    # session runs: "next output" (push -> next output), "consume" (push -> the model took
+    # the frame), "consume to output" (take -> its first output after); empty otherwise
+    session: dict[str, Dist] = field(default_factory=dict)
+    questions: list[dict[str, Any]] = field(default_factory=list)  # session_questions
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON report's ``summary`` object (environment and config stand apart)."""
@@ -75,6 +79,7 @@ class RunSummary:
             "stages": {
                 k: {**d.as_dict(), "first": self.first_ms.get(k)} for k, d in self.stages.items()
             },
+            "session": {k: d.as_dict() for k, d in self.session.items()},
             "frame_age": self.frame_age.as_dict(),
             "fps": dict(self.fps),
             "counts": dict(self.counts),
@@ -120,8 +125,45 @@ def _counts(data: RunData, n: int) -> dict[str, float | None]:
     return out
 
 
+def _streamed(data: RunData, verdict: Verdict, fs: dict[str, Any]) -> RunSummary:
+    """The summary of a run judged on the bounded path: its numbers from the verdict's
+    ``frame_summary`` (the frames were never loaded)."""
+    stages = {c.removesuffix("_ms"): Dist(**fs["stages"][c]) for c in STAGE_COLUMNS}
+    n = int(verdict.window.get("measured_frames", 0))
+    counts = _counts(data, n)
+    if data.meta.counter("errors") is None:  # an older run: the rows that raised
+        counts["errors"] = fs["errors"]
+    env = dict(data.meta.environment)
+    env["host"] = env.get("host") or data.meta.host
+    return RunSummary(
+        stages=stages,
+        first_ms=dict(fs["first_ms"]),
+        frame_age=Dist(**fs["frame_age"]),
+        fps=_fps(data, verdict, n),
+        counts=counts,
+        environment=env,
+        config=dict(data.meta.config),
+    )
+
+
+def _session(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
+    """A session run's latencies over the measured frames: what "next output after the push"
+    times apart from when the model took the frame and answered it."""
+    if data.meta.shape != "session":
+        return {}
+    nxt = data.frame("output_latency_ms") - data.frame("frame_age_ms")  # push -> next output
+    out = {
+        "next output": Dist.of(nxt[measured]),
+        "consume": Dist.of(data.frame("consume_ms")[measured]),
+        "consume to output": Dist.of(data.frame("consume_output_ms")[measured]),
+    }
+    return {k: d for k, d in out.items() if d.n}
+
+
 def summarize(data: RunData, verdict: Verdict) -> RunSummary:
     """The run's numbers over the verdict's measured window."""
+    if verdict.frame_summary is not None:
+        return _streamed(data, verdict, verdict.frame_summary)
     measured = data.measured(float(verdict.window.get("t0", data.warmup_end())))
     stages = {col.removesuffix("_ms"): Dist.of(data.frame(col)[measured]) for col in STAGE_COLUMNS}
     env = dict(data.meta.environment)
@@ -135,4 +177,6 @@ def summarize(data: RunData, verdict: Verdict) -> RunSummary:
         counts=_counts(data, n),
         environment=env,
         config=dict(data.meta.config),
+        session=_session(data, measured),
+        questions=list(data.meta.summary.get("session_questions") or []),
     )

@@ -4,6 +4,11 @@ Deadline ``k`` is ``t0 + k * period``. When the capture falls behind by a whole 
 more, the pacer skips ahead to the next deadline that is still in the future (counting the
 ticks it missed) rather than bursting to catch up. Every frame keeps its scheduled time, its
 capture time and how late the grab started.
+
+With ``run.streams = N`` there is one pacer per stream, all at the same rate; stream ``s``
+starts ``s / N`` of a period after stream 0 (cameras are not in phase, and frames arriving
+together would only wait for one another), and its frame ``k`` has id ``k * N + s``: unique
+in the run, in capture order, and ``id // N`` is the stream's own capture index.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ class Pacer:
         audio: Any = None,
         audio_rate: int | None = None,
         on_missed: Callable[[int, str, int], None] | None = None,
+        stream: int = 0,
+        streams: int = 1,
     ) -> None:
         self.read = read
         self.queue = queue
         self.on_missed = on_missed
         self.period_ns = round(1e9 / fps)
         self.clock = clock
-        self.t0_ns = t0_ns
+        self.stream, self.streams = stream, streams
+        self.t0_ns = t0_ns + stream * self.period_ns // streams  # this stream's phase
         self.on_end = on_end
         self.audio = audio
         self.audio_rate = audio_rate
@@ -52,7 +60,8 @@ class Pacer:
         #: the pacer itself woke late, i.e. the process did not run on time ("pause")
         self.missed_by = {"source": 0, "pause": 0}
         self._last_read_ns = 0
-        self.thread = threading.Thread(target=self._loop, name="soakd-pacer", daemon=True)
+        name = "soakd-pacer" if streams == 1 else f"soakd-pacer-{stream}"
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -87,7 +96,7 @@ class Pacer:
     def _loop(self) -> None:
         clock, period, stop = self.clock, self.period_ns, self.stop_event
         k = 0
-        fid = 0
+        fid, step = self.stream, self.streams  # frame ids k * N + s
         try:
             while True:
                 deadline = self.t0_ns + k * period
@@ -112,10 +121,11 @@ class Pacer:
                     audio=self._audio_chunk(done),
                     source_ts=source_ts,
                     stream_ns=deadline - self.t0_ns,
+                    stream=self.stream,
                 )
                 self.queue.put(frame)
                 self.captured += 1
-                fid += 1
+                fid += step
                 k += 1
         except BaseException as exc:  # the source ended or failed: the runner decides
             self.on_end(exc)
@@ -127,7 +137,8 @@ class UnpacedGrab:
     Stream time advances one frame period per frame, and each frame brings the audio the
     stream produces in that period, so windows over stream time see the stream at ``fps``.
     A source that ends or fails is reported to ``on_end`` and the error re-raised, which ends
-    the driver.
+    the driver. ``stream`` / ``streams``: as for ``Pacer`` (ids ``k * N + s``); ``RoundRobin``
+    takes the streams' frames in turn.
     """
 
     def __init__(
@@ -139,6 +150,8 @@ class UnpacedGrab:
         on_end: Callable[[BaseException], None],
         audio: Any = None,
         audio_rate: int | None = None,
+        stream: int = 0,
+        streams: int = 1,
     ) -> None:
         self.read = read
         self.period_ns = round(1e9 / fps)
@@ -147,6 +160,7 @@ class UnpacedGrab:
         self.audio = audio
         self.audio_rate = audio_rate or 0
         self.captured = 0
+        self.stream, self.streams = stream, streams
 
     def _audio_chunk(self, k: int) -> np.ndarray | None:
         if self.audio is None:
@@ -164,6 +178,24 @@ class UnpacedGrab:
             raise
         done = now()
         audio = self._audio_chunk(k) if self.audio is not None else None
-        frame = Frame(k, t, done, done - t, image, audio, ts, k * self.period_ns)
+        fid = k * self.streams + self.stream
+        frame = Frame(fid, t, done, done - t, image, audio, ts, k * self.period_ns, self.stream)
         self.captured += 1
         return frame
+
+
+class RoundRobin:
+    """The unpaced feed of several streams: each call grabs from the next stream in turn."""
+
+    def __init__(self, grabs: list[UnpacedGrab]) -> None:
+        self.grabs = grabs
+        self._next = 0
+
+    def __call__(self) -> Frame:
+        grab = self.grabs[self._next]
+        self._next = (self._next + 1) % len(self.grabs)
+        return grab()
+
+    @property
+    def captured(self) -> int:
+        return sum(g.captured for g in self.grabs)

@@ -26,13 +26,21 @@ def _join_audio(first: np.ndarray, then: np.ndarray | None) -> np.ndarray:
 
 
 class FrameQueue:
-    def __init__(self, maxlen: int = 1, consume: Literal["newest", "oldest"] = "newest") -> None:
+    """One stream's queue. ``cond``: a condition shared with other queues (``StreamQueues``),
+    so one consumer can wait on all of them."""
+
+    def __init__(
+        self,
+        maxlen: int = 1,
+        consume: Literal["newest", "oldest"] = "newest",
+        cond: threading.Condition | None = None,
+    ) -> None:
         if maxlen < 1:
             raise ValueError("maxlen must be >= 1")
         self.maxlen = maxlen
         self.newest = consume == "newest"
         self._q: deque[Frame] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = cond or threading.Condition(threading.Lock())
         self._closed = False
         self.drops = 0  # frames that were never dispatched because a newer one replaced them
         self.puts = 0
@@ -59,23 +67,88 @@ class FrameQueue:
                 self._cond.wait(timeout)
                 if not self._q:
                     return None
-            qlen = len(self._q)
-            if self.newest:
-                frame = self._q.pop()
-                self.drops += len(self._q)
-                if self._q and frame.audio is not None:
-                    for older in reversed(self._q):
-                        if older.audio is not None:
-                            frame.audio = _join_audio(older.audio, frame.audio)
-                self._q.clear()
-            else:
-                frame = self._q.popleft()
-            return frame, qlen
+            return self.take()
+
+    def take(self) -> tuple[Frame, int]:
+        """Take the next frame from a non-empty queue, the lock held (see ``get``)."""
+        qlen = len(self._q)
+        if self.newest:
+            frame = self._q.pop()
+            self.drops += len(self._q)
+            if self._q and frame.audio is not None:
+                for older in reversed(self._q):
+                    if older.audio is not None:
+                        frame.audio = _join_audio(older.audio, frame.audio)
+            self._q.clear()
+        else:
+            frame = self._q.popleft()
+        return frame, qlen
 
     def __len__(self) -> int:
         return len(self._q)
 
     def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class StreamQueues:
+    """The queues of ``run.streams`` paced sources, one per stream, read by one consumer.
+
+    Each stream keeps its own bound and drop count (``FrameQueue``); ``get`` serves them
+    round-robin: it takes from the first non-empty queue after the one served last, so under
+    overload every stream loses frames at the same rate and none is starved. The queues share
+    one condition, so the consumer sleeps until any stream has a frame.
+    """
+
+    def __init__(
+        self, n: int, maxlen: int = 1, consume: Literal["newest", "oldest"] = "newest"
+    ) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self.queues = [FrameQueue(maxlen, consume, self._cond) for _ in range(n)]
+        self._next = 0  # the stream served first on the next get
+        self._closed = False
+
+    def get(self, timeout: float | None = None) -> tuple[Frame, int] | None:
+        """The next stream's frame and its queue's length when taken (round-robin); None on
+        timeout or when closed and every queue is empty."""
+        with self._cond:
+            got = self._take()
+            if got is None and not self._closed:
+                self._cond.wait(timeout)
+                got = self._take()
+            return got
+
+    def _take(self) -> tuple[Frame, int] | None:
+        n = len(self.queues)
+        for i in range(n):
+            s = (self._next + i) % n
+            q = self.queues[s]
+            if len(q):
+                self._next = (s + 1) % n
+                return q.take()
+        return None
+
+    def drops_of(self, stream: int) -> int:
+        """Frames of ``stream`` dropped so far (cumulative)."""
+        return self.queues[stream].drops
+
+    @property
+    def drops(self) -> int:
+        """Frames dropped so far, all streams together."""
+        return sum(q.drops for q in self.queues)
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.queues)
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.close()
         with self._cond:
             self._closed = True
             self._cond.notify_all()

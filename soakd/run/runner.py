@@ -32,16 +32,17 @@ from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResu
 from soakd.records import STAGES, Emission, Event, FrameRecord, Sample
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.outcome import Outcome, exit_code
-from soakd.run.pacer import Pacer, UnpacedGrab
+from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
 from soakd.run.progress import Rolling
-from soakd.run.queue import FrameQueue
+from soakd.run.queue import StreamQueues
 from soakd.run.thresholds_watch import watch_thresholds
 from soakd.sources import open_source
 from soakd.sources.audio import AudioSource, make_audio_source
 from soakd.sources.base import Source
 from soakd.store import db as store
 from soakd.store import runs
-from soakd.telemetry.probes import cuda_ordinal, default_probes
+from soakd.telemetry.devices import run_probes
+from soakd.telemetry.probes import cuda_ordinal
 from soakd.telemetry.sampler import Sampler
 from soakd.workloads.base import Workload, WorkloadContext, WorkloadError
 from soakd.workloads.registry import build_workload
@@ -73,17 +74,21 @@ class Component(Protocol):
 
 
 class _Feed:
-    """The paced feed: the pacer and its queue, stopped together (the driver then sees the
-    queue closed and returns)."""
+    """The paced feed: one pacer per stream and their queues, stopped together (the driver
+    then sees the queues closed and returns)."""
 
-    def __init__(self, pacer: Pacer, queue: FrameQueue) -> None:
-        self.pacer, self.queue = pacer, queue
+    def __init__(self, pacers: Sequence[Pacer], queue: StreamQueues) -> None:
+        self.pacers, self.queue = pacers, queue
 
     def start(self) -> None:
-        self.pacer.start()
+        for p in self.pacers:
+            p.start()
 
     def stop(self) -> None:
-        self.pacer.stop()
+        for p in self.pacers:
+            p.stop_event.set()  # all at once: each wait ends together
+        for p in self.pacers:
+            p.stop()
         self.queue.close()
 
 
@@ -126,9 +131,16 @@ class _Stack:
     ctx: DriverContext[Any]
     parts: list[Component]
     driver: _DriverThread
-    pacer: Pacer | None
-    queue: FrameQueue | None
-    grab: UnpacedGrab | None
+    pacers: list[Pacer]  # one per stream; none unpaced
+    queue: StreamQueues | None
+    grab: UnpacedGrab | RoundRobin | None
+
+    @property
+    def captured(self) -> int:
+        """Frames captured so far, all streams together."""
+        if not self.pacers:
+            return self.ctx.counters.done
+        return sum(p.captured for p in self.pacers)
 
 
 class Run:
@@ -163,7 +175,9 @@ class Run:
         self._rolling = Rolling()
         self._last_sample: Sample | None = None
         self._source_error: BaseException | None = None
-        self._queue: FrameQueue | None = None
+        self._queue: StreamQueues | None = None
+        #: sources (run.streams): paced each by its own pacer, or grabbed in turn unpaced
+        self.n_streams = settings.run.streams
         self._source_slow_logged = False
         self._workload_closed = False
         self._writer_started = False
@@ -201,6 +215,8 @@ class Run:
     def _sample(self, s: Sample) -> None:
         self._last_sample = s
         self.writer.put(s)
+        for d in s.devices:  # one per GPU when the run samples several (gpu_samples)
+            self.writer.put(d)
         self.obs.on_sample(s)
 
     # --- building (before the run row exists: a failure here is a usage error)
@@ -210,16 +226,25 @@ class Run:
         except store.StoreError as exc:
             raise UsageError(str(exc)) from None
 
-    def _open_inputs(self, stack: contextlib.ExitStack) -> tuple[Source, AudioSource | None]:
+    def _open_inputs(
+        self, stack: contextlib.ExitStack
+    ) -> tuple[list[Source], list[AudioSource | None]]:
+        """One source (and audio source) per stream: copies of ``[source]`` (``[audio]``),
+        stream ``i`` seeded ``run.seed + i``."""
         s = self.settings
-        source = open_source(s.source, fps=s.run.fps, seed=s.run.seed)
-        source.open()
-        stack.callback(source.close)
-        audio = make_audio_source(s.audio) if s.audio.kind != "none" else None
-        if audio is not None:
-            audio.open()
-            stack.callback(audio.close)
-        return source, audio
+        sources: list[Source] = []
+        audios: list[AudioSource | None] = []
+        for i in range(self.n_streams):
+            source = open_source(s.source, fps=s.run.fps, seed=s.run.seed + i)
+            source.open()
+            stack.callback(source.close)
+            sources.append(source)
+            audio = make_audio_source(s.audio, seed=i) if s.audio.kind != "none" else None
+            if audio is not None:
+                audio.open()
+                stack.callback(audio.close)
+            audios.append(audio)
+        return sources, audios
 
     def _build_workload(self) -> Workload:
         s = self.settings
@@ -252,6 +277,13 @@ class Run:
                 f"workload {s.workload.kind!r}: object has no valid 'shape' "
                 "(expected 'staged', 'session' or 'generator')"
             )
+        if self.n_streams > 1 and wl.shape != "staged":
+            with contextlib.suppress(Exception):
+                wl.close()
+            raise UsageError(
+                f"run.streams: {self.n_streams} streams need a staged workload; workload "
+                f"{s.workload.kind!r} is a {wl.shape} workload and takes one stream"
+            )
         return wl
 
     # --- the run
@@ -261,30 +293,32 @@ class Run:
             self.obs.on_phase("opening the store and source")
             conn = self._open_store()
             stack.callback(conn.close)
-            source, audio = self._open_inputs(stack)
+            sources, audios = self._open_inputs(stack)
             t_load = time.perf_counter()
             self.obs.on_phase("loading workload")
             workload = self._build_workload()
             load_s = time.perf_counter() - t_load
             stack.callback(self._close_workload, workload)
-            return self._soak(conn, source, audio, workload, load_s)
+            return self._soak(conn, sources, audios, workload, load_s)
         raise AssertionError("unreachable")  # pragma: no cover (ExitStack may swallow)
 
     def _soak(
         self,
         conn: sqlite3.Connection,
-        source: Source,
-        audio: AudioSource | None,
+        sources: list[Source],
+        audios: list[AudioSource | None],
         workload: Workload,
         load_s: float,
     ) -> RunResult:
+        # the GPUs to sample: one that run.gpus names but this host lacks is exit 2, no row
+        self._probes = run_probes(self.settings, self.log)
         env = collect_environment(ordinal=_gpu_ordinal(self.settings))
         self.t0_ns = self.clock.now_ns()
-        runs.open_run(conn, self._new_run(workload, source, load_s, env), self.clock.wall())
+        runs.open_run(conn, self._new_run(workload, sources[0], load_s, env), self.clock.wall())
         self.writer = store.StoreWriter(self.db_path, self.run_id)
         self.writer.start()
         self._writer_started = True
-        built = self._build_stack(source, audio, workload)
+        built = self._build_stack(sources, audios, workload)
         self._announce(env)
         self.obs.on_phase("warm-up" if self.settings.run.warmup_s > 0 else "first frame")
         self._run_stack(built)
@@ -301,7 +335,9 @@ class Run:
         describe["shape"] = workload.shape
         describe["load_s"] = round(load_s, 3)
         try:
-            describe["source"] = source.describe()
+            describe["source"] = dict(source.describe())
+            if self.n_streams > 1:
+                describe["source"]["streams"] = self.n_streams
         except Exception as exc:  # a description is nice to have, never worth failing for
             self.log.warning("source.describe() failed", error=f"{type(exc).__name__}: {exc}")
         return runs.NewRun(
@@ -337,11 +373,53 @@ class Run:
             mode=self.mode,
         )
 
-    def _build_stack(self, source: Source, audio: AudioSource | None, workload: Workload) -> _Stack:
+    def _build_feed(
+        self, sources: list[Source], audios: list[AudioSource | None]
+    ) -> tuple[StreamQueues | None, list[Pacer], UnpacedGrab | RoundRobin | None]:
+        """Paced: one pacer per stream into its queue (``StreamQueues``); unpaced: the grab
+        a profile's driver calls inline (the streams in turn when there are several)."""
         s, clock = self.settings, self.clock
-        rate = s.audio.sample_rate if audio is not None else None
+        rate = s.audio.sample_rate if audios[0] is not None else None
+        if not self.paced:
+            grabs = [
+                UnpacedGrab(
+                    source.read,
+                    fps=s.run.fps,
+                    clock=clock,
+                    on_end=self._source_ended,
+                    audio=audio,
+                    audio_rate=rate,
+                    stream=i,
+                    streams=self.n_streams,
+                )
+                for i, (source, audio) in enumerate(zip(sources, audios, strict=True))
+            ]
+            return None, [], grabs[0] if len(grabs) == 1 else RoundRobin(grabs)
+        queue = self._queue = StreamQueues(self.n_streams, s.run.max_queue, s.run.consume)
+        pacers = [
+            Pacer(
+                source.read,
+                q,
+                fps=s.run.fps,
+                clock=clock,
+                t0_ns=self.t0_ns,
+                on_end=self._source_ended,
+                audio=audio,
+                audio_rate=rate,
+                on_missed=self._ticks_missed,
+                stream=i,
+                streams=self.n_streams,
+            )
+            for i, (source, audio, q) in enumerate(zip(sources, audios, queue.queues, strict=True))
+        ]
+        return queue, pacers, None
+
+    def _build_stack(
+        self, sources: list[Source], audios: list[AudioSource | None], workload: Workload
+    ) -> _Stack:
+        s, clock = self.settings, self.clock
         sampler = Sampler(
-            default_probes(getattr(s.workload, "device", None), self.log),
+            self._probes,
             interval_ms=s.run.sample_interval_ms,
             clock=clock,
             t0_ns=self.t0_ns,
@@ -350,29 +428,7 @@ class Run:
             on_crash=self._sampler_crashed,
             log=self.log,
         )
-        queue = pacer = grab = None
-        if self.paced:
-            queue = self._queue = FrameQueue(s.run.max_queue, s.run.consume)
-            pacer = Pacer(
-                source.read,
-                queue,
-                fps=s.run.fps,
-                clock=clock,
-                t0_ns=self.t0_ns,
-                on_end=self._source_ended,
-                audio=audio,
-                audio_rate=rate,
-                on_missed=self._ticks_missed,
-            )
-        else:
-            grab = UnpacedGrab(
-                source.read,
-                fps=s.run.fps,
-                clock=clock,
-                on_end=self._source_ended,
-                audio=audio,
-                audio_rate=rate,
-            )
+        queue, pacers, grab = self._build_feed(sources, audios)
         ctx = DriverContext(
             settings=s,
             workload=workload,
@@ -392,9 +448,9 @@ class Run:
             get_driver(workload.shape), ctx, self._driver_crashed, on_return=self.request_stop
         )
         parts: list[Component] = [sampler, driver]
-        if pacer is not None and queue is not None:
-            parts.append(_Feed(pacer, queue))
-        return _Stack(ctx, parts, driver, pacer, queue, grab)
+        if pacers and queue is not None:
+            parts.append(_Feed(pacers, queue))
+        return _Stack(ctx, parts, driver, pacers, queue, grab)
 
     # --- component callbacks (their own threads)
     def _sampler_crashed(self, exc: BaseException) -> None:
@@ -544,7 +600,7 @@ class Run:
             elapsed_s=elapsed,
             remaining_s=max(0.0, (end_ns - now) / 1e9) if self.paced else 0.0,
             frames_done=c.done,
-            frames_captured=built.pacer.captured if built.pacer is not None else c.done,
+            frames_captured=built.captured,
             achieved_fps=r.fps(elapsed),
             drops=built.ctx.drops,
             stale=c.stale,
@@ -556,7 +612,7 @@ class Run:
             failing=r.failing(
                 self.settings.criteria,
                 drops=built.ctx.drops,
-                captured=built.pacer.captured if built.pacer is not None else c.done,
+                captured=built.captured,
                 errors=c.errors,
             ),
             rss_bytes=vals.get("rss_bytes"),  # type: ignore[arg-type]
@@ -664,22 +720,21 @@ class Run:
             return None
 
     def _summary(self, built: _Stack, duration_s: float, load_s: float) -> dict[str, Any]:
-        c, pacer, queue = built.ctx.counters, built.pacer, built.queue
+        """The run's counters (``runs.summary``), all streams together; with several
+        streams, ``streams`` holds each stream's own (``_stream_counters``)."""
+        c, queue = built.ctx.counters, built.queue
         in_flight, stall_s = self._at_stop
         out: dict[str, Any] = {
             "duration_s": round(duration_s, 3),
             "load_s": round(load_s, 3),
-            "frames_captured": pacer.captured if pacer is not None else c.done,
+            "frames_captured": built.captured,
             "frames_dispatched": c.dispatched,
             "frames_done": c.done,
             "drops": queue.drops if queue is not None else 0,
             "stale": c.stale,
             "errors": c.errors,
             "ooms": c.ooms,
-            "pacer_missed_ticks": pacer.missed_ticks if pacer is not None else 0,
-            "pacer_ticks": pacer.ticks if pacer is not None else c.done,
-            "missed_ticks_source": pacer.missed_by["source"] if pacer is not None else 0,
-            "missed_ticks_pause": pacer.missed_by["pause"] if pacer is not None else 0,
+            **_pacer_counters(built.pacers, c.done),
             # frames captured but never finished: still queued, or in the model at the end
             "queued_at_end": len(queue) if queue is not None else 0,
             "in_flight_at_end": int(in_flight is not None),
@@ -689,8 +744,40 @@ class Run:
             "writer_rows": self.writer.rows_written,
             "writer_flushes": self.writer.flushes,
         }
+        if self.n_streams > 1 and queue is not None:
+            out["streams"] = [self._stream_counters(built, i, out) for i in range(self.n_streams)]
         out.update(built.ctx.summary)
         return out
+
+    def _stream_counters(self, built: _Stack, i: int, total: dict[str, Any]) -> dict[str, Any]:
+        """Stream ``i``'s counters, keyed as the run's: what its own verdict reads."""
+        c, queue, pacer = built.ctx.counters, built.queue, built.pacers[i]
+        assert queue is not None
+        mine = total["in_flight_at_end"] and c.in_flight_stream == i
+        return {
+            "stream": i,
+            "frames_captured": pacer.captured,
+            "drops": queue.drops_of(i),
+            "stale": c.stale_by.get(i, 0),
+            **_pacer_counters([pacer], 0),
+            "queued_at_end": len(queue.queues[i]),
+            "in_flight_at_end": int(bool(mine)),
+            "in_flight_since_s": total["in_flight_since_s"] if mine else None,
+        }
+
+
+def _pacer_counters(pacers: Sequence[Pacer], done: int) -> dict[str, int]:
+    """Ticks asked for and missed (by cause), summed over ``pacers``; unpaced (no pacer):
+    one tick per finished frame, none missed."""
+    if not pacers:
+        keys = ("pacer_missed_ticks", "missed_ticks_source", "missed_ticks_pause")
+        return {"pacer_ticks": done, **dict.fromkeys(keys, 0)}
+    return {
+        "pacer_missed_ticks": sum(p.missed_ticks for p in pacers),
+        "pacer_ticks": sum(p.ticks for p in pacers),
+        "missed_ticks_source": sum(p.missed_by["source"] for p in pacers),
+        "missed_ticks_pause": sum(p.missed_by["pause"] for p in pacers),
+    }
 
 
 def run_soak(

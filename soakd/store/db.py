@@ -30,7 +30,8 @@ from urllib.parse import quote
 
 import structlog
 
-from soakd.records import SAMPLE_FIELDS, Emission, Event, FrameRecord, Sample
+from soakd.records import SAMPLE_FIELDS, DeviceSample, Emission, Event, FrameRecord, Sample
+from soakd.store.gpu_samples import GPU_SAMPLE_COLUMNS, gpu_sample_row
 from soakd.store.runs import mark_orphaned_runs
 from soakd.store.schema import (
     EMISSION_COLUMNS,
@@ -295,6 +296,10 @@ def frame_row(run_id: str, r: FrameRecord) -> tuple[Any, ...]:
         r.first_emit_ms,
         r.emitted,
         _json(r.extra),
+        r.stream,
+        r.t_consumed,
+        r.consume_ms,
+        r.consume_output_ms,
     )
 
 
@@ -327,6 +332,7 @@ _TABLES: dict[type, tuple[str, tuple[str, ...]]] = {
     Sample: ("samples", tuple(SAMPLE_COLUMNS)),
     Emission: ("emissions", tuple(EMISSION_COLUMNS)),
     Event: ("events", tuple(EVENT_COLUMNS)),
+    DeviceSample: ("gpu_samples", GPU_SAMPLE_COLUMNS),
 }
 
 
@@ -360,13 +366,20 @@ _ROW: dict[type, Callable[[str, Any], tuple[Any, ...]]] = {
     Sample: sample_row,
     Emission: emission_row,
     Event: event_row,
+    DeviceSample: gpu_sample_row,
 }
 
 
 # when the pending rows reach their bound during a lock, these go first (oldest first):
 # telemetry, then emissions, then frames; events (a few per run, each one telling) never
-_DROP_ORDER: tuple[type, ...] = (Sample, Emission, FrameRecord)
-_KIND = {FrameRecord: "frames", Sample: "samples", Emission: "emissions", Event: "events"}
+_DROP_ORDER: tuple[type, ...] = (DeviceSample, Sample, Emission, FrameRecord)
+_KIND = {
+    FrameRecord: "frames",
+    Sample: "samples",
+    Emission: "emissions",
+    Event: "events",
+    DeviceSample: "gpu_samples",
+}
 
 
 class _Pending:
@@ -406,6 +419,7 @@ _RUN_TIME: dict[type, Callable[[Any], float | None]] = {
     Sample: operator.attrgetter("t"),
     Emission: operator.attrgetter("t_emit"),
     Event: operator.attrgetter("t"),
+    DeviceSample: operator.attrgetter("t"),
 }
 
 
@@ -455,7 +469,7 @@ class StoreWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, record: FrameRecord | Sample | Emission | Event) -> None:
+    def put(self, record: FrameRecord | Sample | Emission | Event | DeviceSample) -> None:
         self._q.put(record)
 
     def close(self, timeout: float = 30.0) -> None:

@@ -1,4 +1,5 @@
-"""Read one run's raw rows (frames, samples, emissions) for ``soakd export``, in chunks.
+"""Read one run's raw rows (frames, samples, gpu_samples, emissions) for ``soakd export``,
+in chunks.
 
 The columns come from the table itself (``PRAGMA table_info``), so a column a migration adds
 is exported without a change here; ``run_id`` is left out (every row has the same one).
@@ -15,6 +16,7 @@ EXPORT_TABLES: dict[str, str] = {
     "frames": "frame_id",
     "samples": "seq",
     "emissions": "frame_id, idx",
+    "gpu_samples": "seq, gpu",  # one row per GPU per tick (runs on several GPUs)
 }
 CHUNK_ROWS = 5000
 

@@ -11,8 +11,10 @@ databases.
   and is read from one snapshot. All of one input's rows are copied with set-based
   ``INSERT ... SELECT`` inside one ``atomic()`` transaction: an interrupted merge leaves the
   output as it was before that input.
-* A run is copied whole (its row, labels, frames, samples, emissions, events, verdicts) or
-  not at all; events get new ids in the output (ids are per database), in their order.
+* A run is copied whole (its row and its rows in every table with a ``run_id``: labels,
+  frames, samples, gpu_samples, emissions, events, verdicts, and any table a later migration
+  adds, found in ``sqlite_master``) or not at all; events get new ids in the output (ids are
+  per database), in their order.
 * Idempotent: a run already in the output is judged by ``_outcome``: an identical copy, or
   an older copy of one the output holds further along, is unchanged; a later copy of a run
   the output holds unfinished (still ``running``, or ended without a verdict, or with fewer
@@ -35,10 +37,14 @@ from typing import Any
 
 from soakd.errors import ExitCode, SoakdError, UsageError
 from soakd.store import db as store
+from soakd.store.prune import run_tables
 from soakd.store.schema import MIGRATIONS, SCHEMA_VERSION, schema_version
 
-#: a run's rows besides its ``runs`` row, in the order they are copied
+#: a run's rows besides its ``runs`` row, in the order they are copied (then any other table
+#: with a ``run_id``, by name: ``child_tables``)
 CHILD_TABLES: tuple[str, ...] = ("labels", "frames", "samples", "emissions", "events", "verdicts")
+#: tables with a ``run_id`` that are not a run's own rows: a baseline is merged by its name
+_NOT_CHILDREN = frozenset({"baselines"})
 ADDED, UPDATED, UNCHANGED, CONFLICTING = "added", "updated", "unchanged", "conflicting"
 OUTCOMES: tuple[str, ...] = (ADDED, UPDATED, UNCHANGED, CONFLICTING)
 #: fixed when the run row is opened: copies that differ here are two different runs
@@ -238,9 +244,10 @@ def _merge_one(conn: sqlite3.Connection, out: Path, path: Path) -> MergeResult:
     _attach(conn, path)
     try:
         _check_source(path, _tables(conn), _migrations(conn))
+        children = child_tables(conn)
         with store.atomic(conn):
-            result = _classify(conn, out, path)
-            _copy_runs(conn, result.runs[ADDED], result.runs[UPDATED])
+            result = _classify(conn, out, path, children)
+            _copy_runs(conn, result.runs[ADDED], result.runs[UPDATED], children)
             _copy_baselines(conn, out, result)
         result.out_runs = int(conn.execute("SELECT count(*) FROM main.runs").fetchone()[0])
         return result
@@ -268,13 +275,23 @@ def _rows(conn: sqlite3.Connection, schema: str, where: str = "") -> dict[str, d
     return {str(r[0]): dict(zip(cols, r, strict=True)) for r in cur}
 
 
-def _classify(conn: sqlite3.Connection, out: Path, path: Path) -> MergeResult:
+def child_tables(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """The output's tables holding a run's rows (a ``run_id`` column or a key to ``runs``,
+    as ``prune`` deletes them): CHILD_TABLES first, then the others by name."""
+    found = {name for name, _ in run_tables(conn)} - _NOT_CHILDREN
+    return (*(t for t in CHILD_TABLES if t in found), *sorted(found - set(CHILD_TABLES)))
+
+
+def _classify(
+    conn: sqlite3.Connection, out: Path, path: Path, children: Sequence[str]
+) -> MergeResult:
     """Each run of the input with its outcome (see ``_outcome``); conflicts warned about."""
     result = MergeResult(path)
     theirs = _rows(conn, "src")
     ours = _rows(conn, "main", "WHERE id IN (SELECT id FROM src.runs)")
     for rid in sorted(theirs, key=lambda r: (theirs[r]["started_unix"], r)):
-        outcome = _outcome(ours.get(rid), theirs[rid], partial(_child_rows, conn, run_id=rid))
+        count = partial(_child_rows, conn, run_id=rid, children=children)
+        outcome = _outcome(ours.get(rid), theirs[rid], count)
         result.runs[outcome].append(rid)
         if outcome == CONFLICTING:
             result.warnings.append(_conflict(out, path, ours[rid], theirs[rid]))
@@ -312,11 +329,9 @@ def _outcome(
     return UNCHANGED if there < here or ours == theirs else CONFLICTING
 
 
-def _child_rows(conn: sqlite3.Connection, schema: str, run_id: str) -> int:
+def _child_rows(conn: sqlite3.Connection, schema: str, run_id: str, children: Sequence[str]) -> int:
     """The run's rows in every child table of ``schema``."""
-    parts = " + ".join(
-        f"(SELECT count(*) FROM {schema}.{t} WHERE run_id = :r)" for t in CHILD_TABLES
-    )
+    parts = " + ".join(f"(SELECT count(*) FROM {schema}.{t} WHERE run_id = :r)" for t in children)
     return int(conn.execute(f"SELECT {parts}", {"r": run_id}).fetchone()[0])
 
 
@@ -339,7 +354,9 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [c for c in cols if not (table == "events" and c == "id")]
 
 
-def _copy_runs(conn: sqlite3.Connection, added: list[str], updated: list[str]) -> None:
+def _copy_runs(
+    conn: sqlite3.Connection, added: list[str], updated: list[str], children: Sequence[str]
+) -> None:
     """Copy the runs ``added`` and ``updated`` whole; ``updated`` ones lose their rows in the
     output first. Set-based: one DELETE and one INSERT ... SELECT per table."""
     if not added and not updated:
@@ -353,7 +370,7 @@ def _copy_runs(conn: sqlite3.Connection, added: list[str], updated: list[str]) -
         [(r, 0) for r in added] + [(r, 1) for r in updated],
     )
     chosen = "SELECT run_id FROM temp.merge_runs"
-    for t in CHILD_TABLES:
+    for t in children:
         conn.execute(f"DELETE FROM main.{t} WHERE run_id IN ({chosen} WHERE refresh = 1)")
     cols = _columns(conn, "runs")
     names = ", ".join(cols)
@@ -362,7 +379,7 @@ def _copy_runs(conn: sqlite3.Connection, added: list[str], updated: list[str]) -
         " ON CONFLICT(id) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in cols if c != "id")
     )
-    for t in CHILD_TABLES:
+    for t in children:
         names = ", ".join(_columns(conn, t))
         order = " ORDER BY run_id, id" if t == "events" else ""
         conn.execute(

@@ -7,9 +7,10 @@ loading a 24-hour run at 30 fps (2.6 M frames) stays within a few hundred MB and
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,9 +73,12 @@ FRAME_FIELDS: tuple[str, ...] = (
     "queue_len",
     "drop_count",
     "stale_count",
+    "stream",
     "first_emit_ms",
     "output_latency_ms",
     "session_dropped",
+    "consume_ms",
+    "consume_output_ms",
 )
 """The frame columns RunData knows (``has_error``: the frame's workload raised)."""
 
@@ -87,6 +91,8 @@ _MS32 = (
     "frame_age_ms",
     "first_emit_ms",
     "output_latency_ms",
+    "consume_ms",
+    "consume_output_ms",
     "queue_len",
 )
 
@@ -97,7 +103,7 @@ def load_frame_columns(
     """Every frame of the run ordered by frame_id: the core FRAME_FIELDS plus ``extra``
     ones (``first_emit_ms``, ``output_latency_ms``). Millisecond columns are float32, the
     three flags int8, times and counters float64."""
-    core = [f for f in FRAME_FIELDS[:14] if f not in ("warmup", "skipped", "has_error")]
+    core = [f for f in FRAME_FIELDS[:15] if f not in ("warmup", "skipped", "has_error")]
     names = [*core, "flags", *extra]
     exprs = [*core, "warmup + 2 * skipped + 4 * (error IS NOT NULL)", *extra]
     sql = f"SELECT {', '.join(exprs)} FROM frames WHERE run_id = ? ORDER BY frame_id"
@@ -247,3 +253,178 @@ def _num(v: Any) -> float | None:
         return None
     f = float(v)
     return f if np.isfinite(f) else None
+
+
+# --------------------------------------------------------------------------- long runs
+# A run too long to load whole (soakd.analysis.data.BOUNDED_ROWS) is read in chunks, and its
+# telemetry as per-window aggregates computed by SQLite, so memory does not grow with it.
+
+_FLAG_EXPR = {"warmup": "warmup", "skipped": "skipped", "has_error": "(error IS NOT NULL)"}
+
+
+def count_rows(conn: sqlite3.Connection, run_id: str) -> tuple[int, int]:
+    """(frames, samples) of the run."""
+    return _count(conn, "frames", run_id), _count(conn, "samples", run_id)
+
+
+def run_extent(
+    conn: sqlite3.Connection, run_id: str
+) -> tuple[float | None, float | None, float | None]:
+    """(first capture of a frame not flagged warm-up, last capture, last sample time), by
+    the key order: frames are captured in frame_id order, samples taken in seq order."""
+
+    def one(sql: str) -> float | None:
+        row = conn.execute(sql, (run_id,)).fetchone()
+        return None if row is None else row[0]
+
+    return (
+        one(
+            "SELECT t_capture FROM frames WHERE run_id = ? AND warmup = 0 ORDER BY frame_id LIMIT 1"
+        ),
+        one("SELECT t_capture FROM frames WHERE run_id = ? ORDER BY frame_id DESC LIMIT 1"),
+        one("SELECT t FROM samples WHERE run_id = ? ORDER BY seq DESC LIMIT 1"),
+    )
+
+
+_MEASURED = "run_id = ? AND warmup = 0 AND skipped = 0 AND t_capture >= ?"
+"""The measured frames (RunData.measured): post-warm-up, dispatched."""
+
+
+def measured_chunks(
+    conn: sqlite3.Connection, run_id: str, t0: float, names: Sequence[str], rows: int = 50_000
+) -> Iterator[dict[str, np.ndarray]]:
+    """The measured frames from ``t0`` on, ordered by frame_id, ``rows`` at a time, typed
+    as ``load_frame_columns`` types them (milliseconds float32): only ``names``."""
+    exprs = [_FLAG_EXPR.get(n, n) for n in names]
+    sql = f"SELECT {', '.join(exprs)} FROM frames WHERE {_MEASURED} ORDER BY frame_id"
+    dtypes = {n: np.float32 for n in _MS32} | {n: np.int8 for n in _FLAG_EXPR}
+    cur = conn.cursor()
+    cur.row_factory = None
+    cur.execute(sql, (run_id, t0))
+    try:
+        while block := cur.fetchmany(rows):
+            arr = _block(block, len(names))
+            yield {n: arr[:, i].astype(dtypes.get(n, np.float64)) for i, n in enumerate(names)}
+    finally:
+        cur.close()
+
+
+def _block(rows: list[tuple[Any, ...]], width: int) -> np.ndarray:
+    """Rows as a float64 array: ``fromiter`` (fast) unless a NULL needs ``np.array``."""
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(rows), np.float64, len(rows) * width)
+    except TypeError:
+        return np.array(rows, dtype=np.float64).reshape(len(rows), width)
+    return flat.reshape(len(rows), width)
+
+
+def frame_groups(
+    conn: sqlite3.Connection, run_id: str, t0: float, width: float, nwin: int, session: bool
+) -> dict[str, np.ndarray]:
+    """The rows' counts and running loss counters per drop-rate window of the post-warm-up
+    rows (``g`` >= 0; ``g`` = -1: the warm-up rows): ``rows``, ``measured``, the largest
+    ``drop`` / ``stale`` / session-dropped (``sess``, a running max) counter and their sum
+    ``lost``, the first ``frame_id``, ``errors`` and the last capture ``t_max``."""
+    wexpr, wparams = _window_expr(t0, width, nwin)
+    wexpr = wexpr.replace("(t - ?)", "(t_capture - ?)")
+    sess = (
+        "max(coalesce(session_dropped, 0)) OVER (ORDER BY frame_id ROWS UNBOUNDED PRECEDING)"
+        if session
+        else "0.0"
+    )
+    sql = (
+        f"SELECT g, count(*), sum(skipped = 0), max(d), max(s), max(x), max(d + s + x), "
+        f"min(frame_id), sum(err), max(t_capture) FROM (SELECT frame_id, t_capture, skipped, "
+        f"coalesce(drop_count, 0) AS d, coalesce(stale_count, 0) AS s, {sess} AS x, "
+        f"error IS NOT NULL AS err, CASE WHEN warmup = 0 AND t_capture >= ? THEN {wexpr} "
+        f"ELSE -1 END AS g FROM frames WHERE run_id = ?) GROUP BY g ORDER BY g"
+    )
+    names = (
+        "g",
+        "rows",
+        "measured",
+        "drop",
+        "stale",
+        "sess",
+        "lost",
+        "first_id",
+        "errors",
+        "t_max",
+    )
+    return _columns(conn, sql, (t0, *wparams, run_id), names, nwin + 1)
+
+
+def first_dispatched(
+    conn: sqlite3.Connection, run_id: str, names: Sequence[str]
+) -> dict[str, float] | None:
+    """``names`` of the run's first dispatched frame (warm-up or not), None without one."""
+    row = conn.execute(
+        f"SELECT {', '.join(names)} FROM frames WHERE run_id = ? AND skipped = 0 "
+        "ORDER BY frame_id LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else {n: _nan(v) for n, v in zip(names, row, strict=True)}
+
+
+def measured_over(
+    conn: sqlite3.Connection, run_id: str, t0: float, column: str, cut: float, limit: int
+) -> dict[str, np.ndarray]:
+    """``frame_id``, ``t_capture`` and ``column`` (float32) of the measured frames that did
+    not raise with ``column`` > ``cut``, in frame order, at most ``limit``."""
+    if column not in FRAME_FIELDS:
+        raise ValueError(f"unknown frame column {column!r}")
+    sql = (
+        f"SELECT frame_id, t_capture, {column} FROM frames WHERE {_MEASURED} "
+        f"AND error IS NULL AND {column} > ? ORDER BY frame_id LIMIT ?"
+    )
+    n = int(conn.execute(f"SELECT count(*) FROM ({sql})", (run_id, t0, cut, limit)).fetchone()[0])
+    names = ("frame_id", "t_capture", column)
+    return _columns(conn, sql, (run_id, t0, cut, limit), names, n, {column: np.float32})
+
+
+def _nan(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _window_expr(t0: float, width: float, nwin: int) -> tuple[str, list[float]]:
+    """SQL for the window index of ``t`` as ``stats.window_reduce`` assigns it (clipped)."""
+    return "max(0, min(?, CAST((t - ?) / ? AS INTEGER)))", [nwin - 1, t0, width]
+
+
+def sample_windows(
+    conn: sqlite3.Connection, run_id: str, t0: float, t1: float, width: float, nwin: int
+) -> dict[str, np.ndarray]:
+    """Per window of the samples in [t0, t1] (window -1: every sample before t0): the
+    window ``w``, its first and last sample time ``t_lo`` / ``t_hi``, and for each of
+    SAMPLE_METRICS its ``count:NAME``, ``min:NAME`` and ``max:NAME`` (NaN: no value)."""
+    wexpr, wparams = _window_expr(t0, width, nwin)
+    aggs = [f"count({m}), min({m}), max({m})" for m in SAMPLE_METRICS]
+    names = ["w", "t_lo", "t_hi"] + [
+        f"{f}:{m}" for m in SAMPLE_METRICS for f in ("count", "min", "max")
+    ]
+    sql = (
+        f"SELECT CASE WHEN t < ? THEN -1 ELSE {wexpr} END AS w, min(t), max(t), "
+        f"{', '.join(aggs)} FROM samples WHERE run_id = ? AND t <= ? GROUP BY w ORDER BY w"
+    )
+    params = [t0, *wparams, run_id, t1]
+    return _columns(conn, sql, params, names, nwin + 1)
+
+
+def sample_series_chunks(
+    conn: sqlite3.Connection, run_id: str, column: str, t0: float, rows: int = 100_000
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(t, value) of ``column``'s samples from ``t0`` on that have a value, in seq order."""
+    if column not in SAMPLE_METRICS:
+        raise ValueError(f"unknown sample column {column!r}")
+    cur = conn.cursor()
+    cur.execute(
+        f"SELECT t, {column} FROM samples WHERE run_id = ? AND t >= ? AND {column} IS NOT NULL "
+        "ORDER BY seq",
+        (run_id, t0),
+    )
+    try:
+        while block := cur.fetchmany(rows):
+            arr = _block(block, 2)
+            yield arr[:, 0], arr[:, 1]
+    finally:
+        cur.close()

@@ -45,6 +45,10 @@ FRAME_COLUMNS: tuple[str, ...] = (
     "first_emit_ms",
     "emitted",
     "extra",
+    "stream",
+    "t_consumed",
+    "consume_ms",
+    "consume_output_ms",
 )
 
 SAMPLE_COLUMNS: tuple[str, ...] = (
@@ -295,6 +299,70 @@ CREATE TABLE labels (
     PRIMARY KEY (run_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX labels_key_value ON labels(key, value);
+""",
+    ),
+    (
+        "0005_streams",
+        """
+-- which of the run's paced sources (run.streams) captured the frame; frame_id stays unique
+-- per run (frame k of stream s of N is k * N + s); drop_count and stale_count count per
+-- stream. measured_frames (f.*) carries the column as is; run_summary's drops and stale
+-- become the sum over the streams of each stream's counter.
+ALTER TABLE frames ADD COLUMN stream INTEGER NOT NULL DEFAULT 0;
+DROP VIEW run_summary;
+CREATE VIEW run_summary AS
+SELECT r.id AS run_id, r.name, r.mode, r.status, r.verdict, r.workload_kind, r.fps,
+       r.started_at, r.duration_s,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id) AS frames,
+       (SELECT count(*) FROM measured_frames f WHERE f.run_id = r.id) AS measured_frames,
+       (SELECT sum(top) FROM (SELECT max(drop_count) AS top FROM frames f
+            WHERE f.run_id = r.id GROUP BY f.stream)) AS drops,
+       (SELECT sum(top) FROM (SELECT max(stale_count) AS top FROM frames f
+            WHERE f.run_id = r.id GROUP BY f.stream)) AS stale,
+       (SELECT count(*) FROM frames f WHERE f.run_id = r.id AND f.error IS NOT NULL) AS errors,
+       (SELECT round(avg(total_ms), 3) FROM measured_frames f WHERE f.run_id = r.id)
+            AS avg_total_ms,
+       (SELECT round(max(infer_ms), 3) FROM measured_frames f WHERE f.run_id = r.id)
+            AS max_infer_ms,
+       (SELECT max(rss_bytes) FROM samples s WHERE s.run_id = r.id) AS peak_rss_bytes,
+       (SELECT max(gpu_mem_used_bytes) FROM samples s WHERE s.run_id = r.id)
+            AS peak_gpu_mem_bytes,
+       (SELECT count(*) FROM samples s WHERE s.run_id = r.id) AS samples
+FROM runs r;
+""",
+    ),
+    (
+        "0006_gpu_devices",
+        """
+-- one row per GPU per telemetry tick of a run that uses several GPUs (run.gpus); seq joins
+-- samples.seq, whose gpu_* columns keep the primary GPU. gpu is the NVML index and uuid the
+-- GPU's UUID, as nvidia-smi and dcgm-exporter name them (soakd.store.gpu_samples).
+CREATE TABLE gpu_samples (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    t REAL NOT NULL,
+    gpu INTEGER NOT NULL,
+    uuid TEXT NOT NULL,
+    mem_used_bytes INTEGER,
+    mem_total_bytes INTEGER,
+    util_pct REAL,
+    proc_mem_bytes INTEGER,
+    temp_c REAL,
+    power_w REAL,
+    PRIMARY KEY (run_id, gpu, seq)
+) WITHOUT ROWID;
+""",
+    ),
+    (
+        "0007_session_consume",
+        """
+-- session models: when the model took the frame from its frame queue (t_consumed, seconds
+-- since run start), push -> that take (consume_ms), and that take -> the model's first
+-- output after it (consume_output_ms); NULL when unknown (no consume tracking, dropped by
+-- the session, or no output after it before the run ended)
+ALTER TABLE frames ADD COLUMN t_consumed REAL;
+ALTER TABLE frames ADD COLUMN consume_ms REAL;
+ALTER TABLE frames ADD COLUMN consume_output_ms REAL;
 """,
     ),
 ]

@@ -10,6 +10,11 @@ fraction exceeds ``criteria.max_drop_fraction``.
 
 The knee (``find_knee``) is the first point whose time jumps out of proportion to the
 previous steps; the usable range ends at the point before it.
+
+Sweeping ``run.streams`` answers "how many streams at ``run.fps`` each does this host hold?":
+each point is a paced soak of ``run.duration`` judged per stream and together (the run's
+verdict), and its knee is the first stream count whose run does not PASS; the usable range
+ends at the largest count below it whose every stream passed.
 """
 
 from __future__ import annotations
@@ -24,18 +29,23 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis.model import OVERALL_PASS, Verdict
+from soakd.analysis.streams import streams_of
 from soakd.config import ConfigError, Settings, parse_set
 from soakd.errors import SoakdError
 from soakd.observers.base import Observer
 from soakd.report.svg import Series, VLine, line_chart
+from soakd.run.runner import run_soak
 from soakd.store import profiling_queries as q
 from soakd.store.db import connect
-from soakd.studies.profiling import ProfileResult, profile
+from soakd.studies.profiling import ProfileResult, profile, profile_from_db
 from soakd.workloads.base import WorkloadError
 
 SCHEMA = "soakd.sweep/1"
 KNEE_K = 3.0
 KNEE_MIN_JUMP = 0.2
+#: the key whose points are judged soaks (``streams_point``), its knee the first not to PASS
+STREAMS_KEY = "run.streams"
 ProgressFn = Callable[[int, int, Any], None]
 
 
@@ -147,6 +157,8 @@ class SweepPoint:
     sample_output: str | None = None
     age_p95_ms: float | None = None  # paced points (run.fps sweeps)
     drop_fraction: float | None = None  # paced points: (drops + stale) / captured
+    verdict: str | None = None  # run.streams points: the run's verdict (every stream)
+    streams_passed: int | None = None  # run.streams points: streams whose own verdict passed
     profile: ProfileResult | None = None
 
 
@@ -185,6 +197,11 @@ class SweepResult:
     @property
     def knee_rule(self) -> str:
         """The knee rule applied, in words."""
+        if self.knee_metric == "verdict":
+            return (
+                "the first stream count whose run (judged per stream and together, each "
+                "stream at run.fps) does not PASS"
+            )
         if self.paced:
             return (
                 f"the first rate whose drop fraction exceeds criteria.max_drop_fraction "
@@ -266,6 +283,55 @@ def run_point(
     return p
 
 
+def streams_point(
+    settings: Settings, key: str, value: Any, *, observers: Sequence[Observer] = ()
+) -> SweepPoint:
+    """One ``run.streams`` value: a paced soak of ``run.duration``, judged; the point holds
+    the run's verdict, how many streams passed on their own, the overall lost fraction and
+    frame-age p95, and the stage medians of its frames. Rejections as in ``run_point``."""
+    try:
+        s = settings.with_value(key, value)
+    except ConfigError as exc:
+        return SweepPoint(value=value, status="rejected", reason=_one_line(exc))
+    try:
+        result = run_soak(s, observers=observers, mode="profile")
+        conn = connect(s.resolved_db(), mark_orphans=False)
+        try:
+            prof = profile_from_db(conn, result.run_id)
+        finally:
+            conn.close()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
+        return SweepPoint(value=value, status="rejected", reason=_one_line(exc))
+    p = _point(value, prof)
+    if result.verdict is not None:
+        _judged(p, result.verdict)
+    return p
+
+
+def _judged(p: SweepPoint, v: Verdict) -> None:
+    """A judged point's verdict, passing streams, lost fraction and frame-age p95."""
+    per = streams_of(v)
+    p.verdict = v.status
+    p.streams_passed = (
+        sum(r.get("status") == OVERALL_PASS for r in per) if per else int(v.status == "PASS")
+    )
+    drops, age = v.get("drops"), v.get("frame_age")
+    p.drop_fraction = drops.value if drops is not None else None
+    p.age_p95_ms = age.evidence.get("p95_ms") if age is not None else None
+
+
+def verdict_knee(points: Sequence[SweepPoint]) -> int | None:
+    """``run.streams`` sweeps: index of the first accepted point, in increasing value, whose
+    run did not PASS."""
+    order = sorted(
+        (i for i, p in enumerate(points) if p.status == "ok" and p.verdict is not None),
+        key=lambda i: float(points[i].value),
+    )
+    return next((i for i in order if points[i].verdict != OVERALL_PASS), None)
+
+
 def _paced_stats(settings: Settings, run_id: str) -> tuple[float | None, float | None]:
     """Frame age p95 (after the first frame) and drop fraction of a paced point."""
     conn = connect(settings.resolved_db(), mark_orphans=False)
@@ -311,15 +377,23 @@ def sweep(
     if frames < 2:
         raise ValueError("a sweep point needs at least 2 frames (the first is set apart)")
     check_key(settings, key)
-    paced = key == "run.fps"
+    judged = key == STREAMS_KEY
+    paced = key == "run.fps" or judged
     points: list[SweepPoint] = []
     for i, v in enumerate(values):
         if progress is not None:
             progress(i, len(values), v)
-        points.append(run_point(settings, key, v, frames=frames, paced=paced, observers=observers))
+        if judged:
+            points.append(streams_point(settings, key, v, observers=observers))
+        else:
+            points.append(
+                run_point(settings, key, v, frames=frames, paced=paced, observers=observers)
+            )
     if progress is not None:
         progress(len(values), len(values), None)
-    if paced:
+    if judged:
+        metric, knee = "verdict", verdict_knee(points)
+    elif paced:
         metric = "drop_fraction"
         knee = drop_knee(points, settings.criteria.max_drop_fraction)
     else:
@@ -335,6 +409,8 @@ def sweep(
         for k, v in settings.flat().items()
         if k.split(".")[-1] in ("prompt", "max_new_tokens", "num_beams") and k != key
     }
+    if judged:  # the per-stream rate and the soak length each point ran at
+        fixed |= {"run.fps": settings.run.fps, "run.duration": settings.run.duration}
     return SweepResult(
         key=key,
         values=list(values),
@@ -380,14 +456,16 @@ def _cell(text: str | None, n: int = 60) -> str:
 
 def render_markdown(r: SweepResult) -> str:
     """The sweep as a Markdown table, the knee line and the held-fixed note."""
+    judged = r.knee_metric == "verdict"
     how = "paced at each rate" if r.paced else "back to back"
-    lines = [
-        f"## soakd sweep `{r.key}` ({len(r.values)} values, {r.frames} frames each, {how})",
-        "",
-    ]
+    each = "a judged soak" if judged else f"{r.frames} frames"
+    if judged:
+        how = "each stream paced at run.fps"
+    lines = [f"## soakd sweep `{r.key}` ({len(r.values)} values, {each} each, {how})", ""]
     media = any(p.vision_tokens is not None or p.audio_tokens is not None for p in r.points)
     head = (
         "| value | status | pre p50 | pre max | infer p50 | infer max | total p50 |"
+        + (" verdict | streams passing |" if judged else "")
         + (" age p95 | drops |" if r.paced else "")
         + (" vision tokens | audio tokens |" if media else "")
         + " peak RSS MB | peak GPU MB | out tokens | sample output |"
@@ -401,6 +479,8 @@ def render_markdown(r: SweepResult) -> str:
             continue
         drops = "–" if p.drop_fraction is None else f"{p.drop_fraction:.1%}"
         age = f" {_ms(p.age_p95_ms)} | {drops} |" if r.paced else ""
+        if judged:
+            age = f" {p.verdict or '–'} | {_tok(p.streams_passed)} of {p.value} |" + age
         lines.append(
             f"| {p.value}{mark} | ok | {_ms(p.pre_median_ms)} | {_ms(p.pre_max_ms)} | "
             f"{_ms(p.infer_median_ms)} | {_ms(p.infer_max_ms)} | {_ms(p.total_median_ms)} |"

@@ -4,7 +4,9 @@ Deadlines are absolute on the monotonic clock: tick ``k`` is due at ``t0 + k * p
 A tick that starts a whole period or more late skips to the latest deadline already passed
 (it runs at once, the missed ticks are counted in ``skipped``) and never bursts to catch up.
 Each ``Sample`` keeps its actual time (``t``, seconds since ``t0``), the wall time,
-``lag_ms`` (actual start - deadline) and ``tick_ms`` (how long the probes took).
+``lag_ms`` (actual start - deadline) and ``tick_ms`` (how long the probes took). A probe
+with ``sample_devices(into, seq, t)`` (``GpuDevicesProbe``: a run on several GPUs) also
+returns one ``DeviceSample`` per GPU, carried in ``Sample.devices``.
 
 A probe that raises is disabled after one log line (its columns stay NULL) and the sampler
 goes on; anything else failing in the loop (the ``on_sample`` callback, a bug) ends the
@@ -19,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from soakd.clock import Clock, MonotonicClock
-from soakd.records import SAMPLE_FIELDS, Event, Sample
+from soakd.records import SAMPLE_FIELDS, DeviceSample, Event, Sample
 from soakd.telemetry.probes import Probe
 
 THREAD_NAME = "soakd-sampler"
@@ -139,30 +141,40 @@ class Sampler:
                 return
             start = clock.now_ns()
             wall = clock.wall()
+            t = (start - t0) / 1e9
             values: dict[str, float | int | None] = dict.fromkeys(SAMPLE_FIELDS)
-            self._tick(values)
+            devices = self._tick(values, seq, t)
             end = clock.now_ns()
             self.on_sample(
                 Sample(
                     seq=seq,
-                    t=(start - t0) / 1e9,
+                    t=t,
                     wall=wall,
                     lag_ms=(start - deadline) / 1e6,
                     tick_ms=(end - start) / 1e6,
                     values=values,
+                    devices=devices,
                 )
             )
             self.samples = seq = seq + 1
             k += 1
 
-    def _tick(self, values: dict[str, float | int | None]) -> None:
+    def _tick(
+        self, values: dict[str, float | int | None], seq: int, t: float
+    ) -> tuple[DeviceSample, ...]:
+        devices: list[DeviceSample] = []
         for probe in self.probes:
             if probe.name in self.disabled:
                 continue
             try:
-                probe.sample(values)
+                per_device = getattr(probe, "sample_devices", None)
+                if per_device is None:
+                    probe.sample(values)
+                else:
+                    devices += per_device(values, seq, t)
             except Exception as exc:
                 self._disable(probe, exc)
+        return tuple(devices)
 
     def _disable(self, probe: Probe, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}"

@@ -71,8 +71,28 @@ class SessionOutput:
     t_ns: int  # monotonic time the output was received by soakd
 
 
+@dataclass(slots=True)
+class Consumed:
+    """A pushed frame leaving the session's frame queue: taken by the model at ``t_ns``
+    (monotonic), or ``dropped`` by the session to make room for a newer frame."""
+
+    frame_id: int
+    t_ns: int
+    dropped: bool = False
+
+
+class SessionFailed(Exception):
+    """The session's generation thread died, or closing it failed; the message is one line
+    naming the cause. The run ends aborted with it as the reason (never PASS)."""
+
+
 @runtime_checkable
 class SessionWorkload(Protocol):
+    """Required methods below; optional ones the session driver uses when present:
+    ``consumed() -> list[Consumed] | None`` (frames taken or dropped since the last call, for
+    consume latency; None: consumes cannot be seen), ``ask(text)`` (push a question) and a
+    ``questions`` attribute (``(at_s, text)`` pairs, asked at ``at_s`` s into the run)."""
+
     shape: Literal["session"]
 
     def setup(self) -> None: ...

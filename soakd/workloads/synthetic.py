@@ -6,8 +6,9 @@ of relative sigma ``jitter``). ``spike_every`` makes every Nth frame's infer ``s
 longer; ``drift_ms_per_min`` makes infer grow linearly with elapsed time. Memory is real:
 ``leak_mb_per_min`` allocates, touches and keeps memory; ``sawtooth_mb`` allocates up to that
 size over ``sawtooth_period_s`` and releases it, repeatedly. ``error_every`` makes every Nth
-infer raise; ``stall_after_s`` makes infer block (until the workload is closed) once the
-workload is that old.
+infer raise; with ``error_stream`` set, only that stream's frames raise (``run.streams``):
+every Nth of them, or all when ``error_every`` is 0. ``stall_after_s`` makes infer block
+(until the workload is closed) once the workload is that old.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Synthetic:
         self.s = settings
         self._rng = np.random.default_rng(settings.seed)
         self._n = 0
+        self._n_error_stream = 0  # infer calls on frames of ``error_stream``
         self._t0: float | None = None
         self._leak: list[mmap.mmap] = []
         self._leaked = 0
@@ -108,7 +110,7 @@ class Synthetic:
     def preprocess(self, frame: Frame) -> Any:
         if self.s.pre_ms > 0:  # a 0 ms stage draws no noise and does not sleep
             self._sleep(self._noisy(self.s.pre_ms))
-        return frame.id
+        return frame.stream
 
     def infer(self, inputs: Any) -> Any:
         s = self.s
@@ -126,9 +128,20 @@ class Synthetic:
         if s.spike_every and n % s.spike_every == 0:
             ms += s.spike_ms
         self._sleep(ms)
-        if s.error_every and n % s.error_every == 0:
-            raise SyntheticError(f"planted error on infer call {n}")
+        self._planted_error(n, inputs)
         return n
+
+    def _planted_error(self, n: int, stream: int) -> None:
+        """``error_every`` over every infer call, or over ``error_stream``'s only."""
+        s = self.s
+        if s.error_stream is None:
+            if s.error_every and n % s.error_every == 0:
+                raise SyntheticError(f"planted error on infer call {n}")
+        elif stream == s.error_stream:
+            self._n_error_stream += 1
+            k = self._n_error_stream
+            if not s.error_every or k % s.error_every == 0:
+                raise SyntheticError(f"planted error on stream {stream}")
 
     def decode(self, outputs: Any) -> StageOutput:
         if self.s.decode_ms > 0:

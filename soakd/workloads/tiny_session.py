@@ -4,15 +4,24 @@ random-weight causal LM built offline from a transformers config (fixed seed).
 It exists so that soakd's ``session`` workload and its driver can be soaked offline with the
 same methods and semantics as the real model; it says nothing about the real model's speed.
 
-``TinyRealtimeModel.create_realtime_session(processor, initial_prompt=..., frame_queue_size=...,
-max_tokens_per_turn=..., max_new_tokens=..., do_sample=False)`` returns a session with:
+``TinyRealtimeModel.create_realtime_session(processor, *, initial_prompt="", system_prompt=None,
+frame_queue_size=256, max_tokens_per_turn=12, **generate_kwargs)`` has the signature of
+``MossVLForConditionalGeneration.create_realtime_session`` in the authors' remote code
+(``modeling_moss_vl.py``) and returns a session with its methods:
 
 * ``start()``: starts the background generation thread;
-* ``push_frame(image, timestamp) -> bool``: queues a frame in a bounded queue of
-  ``frame_queue_size``; returns True when the oldest pending frame was dropped to make room;
-* ``poll_output(timeout) -> str | None``: the next text chunk, or None after ``timeout``;
-* ``pending_frames``: frames queued and not yet consumed;
-* ``close()``: stops and joins the thread.
+* ``push_frame(image, timestamp=None, *, drop_oldest=True) -> bool``: queues a frame in
+  ``_frame_queue``, a ``queue.Queue(frame_queue_size)`` as upstream; returns True when the
+  oldest pending frame was dropped (taken with ``get_nowait()`` on the pushing thread);
+* ``push_prompt(text)``: accepted and ignored (the tiny model has no chat turns);
+* ``poll_output(timeout=0.0) -> str | None``: the next text chunk, or None after ``timeout``;
+  raises once the generation thread has died;
+* ``active`` and ``pending_frames``;
+* ``close(timeout=5.0)``: stops and joins the thread; re-raises the thread's failure.
+
+Unlike the real model it answers **one chunk per turn**, not one per token, and
+``max_tokens_per_turn`` is its per-turn token budget, not the real session's tokens-per-second
+rate cap; ``generate_kwargs`` other than ``max_new_tokens`` and ``do_sample`` are ignored.
 
 Each turn the thread takes the oldest pending frame, embeds it (a 4x4 grid of patches through a
 fixed random projection) after the prompt and the recent answer history, and runs the LM on it.
@@ -29,6 +38,7 @@ import collections
 import inspect
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -174,12 +184,10 @@ class TinyRealtimeSession:
         self.lm = lm
         self.processor = processor
         self.prompt_ids = processor.tokenizer.encode(initial_prompt)[:_PROMPT_MAX_BYTES]
-        self.frame_queue_size = frame_queue_size
         self.max_tokens_per_turn = max_tokens_per_turn
         self.max_new_tokens = max_new_tokens
         self.silence_threshold = silence_threshold
-        self._frames: collections.deque[tuple[Any, float]] = collections.deque()
-        self._cond = threading.Condition()
+        self._frame_queue: queue.Queue[tuple[Any, float]] = queue.Queue(frame_queue_size)
         self._out: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._history: collections.deque[int] = collections.deque(maxlen=max_new_tokens)
         self._prev_grey: np.ndarray | None = None
@@ -191,48 +199,71 @@ class TinyRealtimeSession:
 
     @property
     def pending_frames(self) -> int:
-        with self._cond:
-            return len(self._frames)
+        return self._frame_queue.qsize()
 
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("session already started")
-        self._thread = threading.Thread(target=self._loop, name="soakd-tiny-session", daemon=True)
-        self._thread.start()
+    @property
+    def active(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
-    def push_frame(self, image: Any, timestamp: float) -> bool:
+    def start(self) -> TinyRealtimeSession:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="soakd-tiny-session", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def push_frame(
+        self, image: Any, timestamp: float | None = None, *, drop_oldest: bool = True
+    ) -> bool:
         if self._closed.is_set():
             raise RuntimeError("session is closed")
-        with self._cond:
-            dropped = len(self._frames) >= self.frame_queue_size
-            if dropped:
-                self._frames.popleft()
+        item = (image, time.monotonic() if timestamp is None else float(timestamp))
+        dropped = False
+        while True:
+            try:
+                self._frame_queue.put_nowait(item)
+                return dropped
+            except queue.Full:
+                if not drop_oldest:
+                    raise
+            try:
+                self._frame_queue.get_nowait()
+                dropped = True
                 self.dropped += 1
-            self._frames.append((image, float(timestamp)))
-            self._cond.notify()
-        return dropped
+            except queue.Empty:
+                pass
 
-    def poll_output(self, timeout: float | None = None) -> str | None:
+    def push_prompt(self, prompt: str) -> None:
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+
+    def poll_output(self, timeout: float = 0.0) -> str | None:
         try:
-            return self._out.get(timeout=timeout)
+            return self._out.get(timeout=timeout) if timeout else self._out.get_nowait()
         except queue.Empty:
+            if self.error is not None:
+                raise RuntimeError("tiny realtime generation failed") from self.error
             return None
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = 5.0) -> None:
         self._closed.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(10.0)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                raise TimeoutError("tiny realtime generation did not stop before the timeout")
+        if self.error is not None:
+            raise RuntimeError("tiny realtime generation failed") from self.error
 
     # --- the generation thread
     def _next_frame(self) -> tuple[Any, float] | None:
-        with self._cond:
-            while not self._frames and not self._closed.is_set():
-                self._cond.wait(0.5)
-            if self._closed.is_set():
-                return None
-            return self._frames.popleft()
+        while not self._closed.is_set():
+            try:
+                return self._frame_queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        return None
 
     def _loop(self) -> None:
         try:
@@ -272,12 +303,13 @@ class TinyRealtimeModel:
         processor: TinyProcessor,
         *,
         initial_prompt: str = "",
+        system_prompt: str | None = None,
         frame_queue_size: int = 256,
         max_tokens_per_turn: int = 12,
-        max_new_tokens: int = 4096,
-        do_sample: bool = False,
+        **generate_kwargs: Any,
     ) -> TinyRealtimeSession:
-        if do_sample:
+        """``system_prompt`` is accepted and unused (the tiny LM has no chat template)."""
+        if generate_kwargs.get("do_sample"):
             raise ValueError("the tiny realtime model only decodes greedily (do_sample=False)")
         return TinyRealtimeSession(
             self.lm,
@@ -285,6 +317,6 @@ class TinyRealtimeModel:
             initial_prompt=initial_prompt,
             frame_queue_size=frame_queue_size,
             max_tokens_per_turn=max_tokens_per_turn,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=int(generate_kwargs.get("max_new_tokens", 4096)),
             silence_threshold=self.silence_threshold,
         )

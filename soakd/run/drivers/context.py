@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from soakd.clock import Clock
 from soakd.records import Emission, Event, Frame, FrameRecord
-from soakd.run.queue import FrameQueue
+from soakd.run.queue import StreamQueues
 
 if TYPE_CHECKING:
     from soakd.config import Settings
@@ -24,11 +24,18 @@ class Counters:
 
     dispatched: int = 0
     done: int = 0
-    stale: int = 0
+    stale: int = 0  # all streams together; per stream in ``stale_by``
     errors: int = 0
     ooms: int = 0
     in_flight_since_ns: int | None = None  # when the frame now in the workload was dispatched
+    in_flight_stream: int = 0  # the stream of that frame
     last_done_ns: int = 0
+    stale_by: dict[int, int] = field(default_factory=dict)  # stream -> stale frames
+
+    def skip(self, stream: int) -> None:
+        """Count a frame of ``stream`` skipped as stale."""
+        self.stale += 1
+        self.stale_by[stream] = self.stale_by.get(stream, 0) + 1
 
 
 W = TypeVar("W")
@@ -43,7 +50,7 @@ class DriverContext(Generic[W]):
     stop: threading.Event
     emit: Callable[[FrameRecord | Emission], None]
     event: Callable[[Event], None]
-    queue: FrameQueue | None  # paced runs
+    queue: StreamQueues | None  # paced runs: one queue per stream
     grab: Callable[[], Frame] | None  # unpaced runs: capture inline
     warmup_end_ns: int
     max_frames: int | None = None
@@ -90,9 +97,9 @@ class DriverContext(Generic[W]):
         if "warmup" not in fields:
             fields["warmup"] = frame.t_capture_ns < self.warmup_end_ns
         if "drop_count" not in fields:
-            fields["drop_count"] = self.drops
+            fields["drop_count"] = self.drops_of(frame.stream)
         if "stale_count" not in fields:
-            fields["stale_count"] = self.counters.stale
+            fields["stale_count"] = self.counters.stale_by.get(frame.stream, 0)
         t0 = self.t0_ns
         return FrameRecord(
             frame_id=frame.id,
@@ -104,12 +111,18 @@ class DriverContext(Generic[W]):
             grab_ms=frame.grab_ns / 1e6,
             queue_len=qlen,
             frame_age_ms=(t_taken - frame.t_capture_ns) / 1e6,
+            stream=frame.stream,
             **fields,
         )
 
     @property
     def drops(self) -> int:
+        """Frames dropped by the queues so far, all streams together."""
         return self.queue.drops if self.queue is not None else 0
+
+    def drops_of(self, stream: int) -> int:
+        """Frames of ``stream`` dropped so far: what its rows' ``drop_count`` carries."""
+        return self.queue.drops_of(stream) if self.queue is not None else 0
 
     def make_event(
         self,

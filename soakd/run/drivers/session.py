@@ -9,29 +9,43 @@ What soakd can truly see is recorded per pushed frame: the push time (``t_dispat
 cumulative) and its pending frames, and, once the next output after the push arrives, that
 output's kind (``text`` or ``silence``; control-only chunks are counted but not matched) and
 the latency from the frame's capture to it (``output_latency_ms``; ``t_done`` is the output's
-time, so ``e2e_ms`` = output - scheduled capture). The stages the model hides stay NULL.
-A frame's row is written when its output arrives (or, at the end of the run, without one).
+time, so ``e2e_ms`` = output - scheduled capture). While the model keeps talking that output
+is just its next token, so a workload with ``consumed()`` (the built-in one, over a
+``queue.Queue`` frame queue) also gives when the model took the frame (``t_consumed``),
+``consume_ms`` (push -> taken) and ``consume_output_ms`` (taken -> the model's first output
+after it: the frame's own processing). The stages the model hides stay NULL. A frame's row
+is written once those are known (or, at the end of the run, without them).
+
+``questions`` (the workload's ``(at_s, text)`` pairs) are pushed with ``workload.ask`` at
+``at_s`` seconds after the driver starts; each one's answer latency is the time to the first
+text chunk after the push (``question``/``answer`` events, ``session_questions`` in the
+summary).
 
 A session that produces no output for ``response_timeout_s`` while frames wait for one is
 recorded as a ``stall`` event and ends the run as aborted ("stalled"); it never hangs the run.
-The run summary gets ``session_outputs`` (per kind), ``silence_ratio`` (silence / (silence +
-text) outputs), ``session_dropped`` and ``session_pending_max``.
+A ``SessionFailed`` from push or poll (the generation thread died) ends it as aborted with
+the cause as the reason. The run summary gets ``session_outputs`` (per kind),
+``silence_ratio`` (silence / (silence + text) outputs), ``session_dropped``,
+``session_pending_max`` and ``session_consumed``.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from soakd.records import Frame, FrameRecord
 from soakd.run.drivers.context import DriverContext
-from soakd.workloads.base import SessionWorkload
+from soakd.workloads.base import Consumed, SessionFailed, SessionWorkload
 
 #: frames awaiting an output beyond this are written without one (bounded memory)
 MAX_AWAITING = 4096
+#: the latest outputs' times kept to match a consume reported after them
+RECENT_OUTPUTS = 1024
 
 
 def workload_setting(ctx: DriverContext[Any], name: str, default: float) -> float:
@@ -51,10 +65,56 @@ def response_timeout_s(ctx: DriverContext[Any]) -> float:
 
 @dataclass(slots=True)
 class _Awaiting:
+    """A pushed frame whose row waits for its next output and, when consumes are tracked,
+    for the model taking it (or dropping it) and the first output after that."""
+
     rec: FrameRecord
     push_ns: int
     capture_ns: int
     sched_ns: int
+    answered: bool = False  # the next output after the push arrived
+    consumed_ns: int | None = None
+    settled: bool = False  # dropped by the session, or taken and followed by an output
+
+
+@dataclass(slots=True)
+class _Question:
+    at_s: float
+    text: str
+    asked_ns: int | None = None
+    answer_ms: float | None = None
+    answer: str | None = None
+
+    def as_dict(self, t0_ns: int) -> dict[str, Any]:
+        asked = None if self.asked_ns is None else round((self.asked_ns - t0_ns) / 1e9, 6)
+        return {
+            "at_s": self.at_s,
+            "text": self.text,
+            "t_asked": asked,
+            "answer_ms": self.answer_ms,
+            "answer": self.answer,
+        }
+
+
+@dataclass(slots=True)
+class _Questions:
+    """The question schedule: asks each one when due, times its first text chunk."""
+
+    todo: deque[_Question]
+    open: list[_Question] = field(default_factory=list)
+    done: list[_Question] = field(default_factory=list)
+
+    def due(self, elapsed_s: float) -> _Question | None:
+        return self.todo.popleft() if self.todo and self.todo[0].at_s <= elapsed_s else None
+
+    def text_at(self, t_ns: int, text: str) -> list[_Question]:
+        """The open questions a text chunk at ``t_ns`` answers."""
+        hit = [q for q in self.open if q.asked_ns is not None and q.asked_ns <= t_ns]
+        for q in hit:
+            q.answer_ms = (t_ns - q.asked_ns) / 1e6  # type: ignore[operator]
+            q.answer = text[:200]
+            self.open.remove(q)
+        return hit
 
 
 class _Poller:
@@ -89,15 +149,24 @@ class _Poller:
 class _SessionDriver:
     def __init__(self, ctx: DriverContext[SessionWorkload]) -> None:
         self.ctx = ctx
+        wl: Any = ctx.workload
         self.timeout_ns = int(response_timeout_s(ctx) * 1e9)
         self.awaiting: deque[_Awaiting] = deque()
+        self.by_id: dict[int, _Awaiting] = {}
+        self.recent: deque[int] = deque(maxlen=RECENT_OUTPUTS)  # times of the latest outputs
         self.last_output_ns: int | None = None
         self.outputs = {"text": 0, "silence": 0, "control": 0}
         self.session_dropped = 0
         self.pending_max = 0
         self.pushed = 0
+        self.consumed = 0
         self.first = True
         self.sample_output: str | None = None
+        fn = getattr(wl, "consumed", None)
+        self.consumed_fn = fn if callable(fn) and fn() is not None else None
+        asks = [_Question(float(at), str(text)) for at, text in getattr(wl, "questions", ())]
+        self.questions = _Questions(deque(asks))
+        self.t_start_ns = ctx.clock.now_ns()
 
     # --- records
     def _record(self, frame: Frame, qlen: int, t_push: int) -> FrameRecord:
@@ -105,35 +174,68 @@ class _SessionDriver:
         warm = frame.t_capture_ns < ctx.warmup_end_ns or self.first
         return ctx.record(frame, qlen, t_push, first=self.first, warmup=warm)
 
-    def finish(self, a: _Awaiting, t_out: int | None, kind: str | None) -> None:
-        c = self.ctx.counters
-        if t_out is not None:
-            a.rec.t_done = self.ctx.s(t_out)
-            a.rec.output_kind = kind
-            a.rec.output_latency_ms = (t_out - a.capture_ns) / 1e6
-            a.rec.e2e_ms = (t_out - a.sched_ns) / 1e6
-            c.last_done_ns = t_out
-        c.done += 1
+    def finish(self, a: _Awaiting) -> None:
+        self.by_id.pop(a.rec.frame_id, None)
+        self.ctx.counters.done += 1
         self.ctx.emit(a.rec)
 
-    def _update_in_flight(self) -> None:
-        self.ctx.counters.in_flight_since_ns = self.awaiting[0].push_ns if self.awaiting else None
+    def _answer(self, a: _Awaiting, t_out: int, kind: str) -> None:
+        """The next output after the push: what ``output_latency_ms`` and ``t_done`` time."""
+        a.answered = True
+        a.rec.t_done = self.ctx.s(t_out)
+        a.rec.output_kind = kind
+        a.rec.output_latency_ms = (t_out - a.capture_ns) / 1e6
+        a.rec.e2e_ms = (t_out - a.sched_ns) / 1e6
+        self.ctx.counters.last_done_ns = t_out
 
-    # --- outputs
+    def _settle(self, a: _Awaiting, t_out: int) -> None:
+        """The first output after the model took the frame."""
+        assert a.consumed_ns is not None
+        a.rec.consume_output_ms = (t_out - a.consumed_ns) / 1e6
+        a.settled = True
+
+    def _flush(self) -> None:
+        """Write the rows at the front whose outputs (and consume, when tracked) are known."""
+        aw, tracked = self.awaiting, self.consumed_fn is not None
+        while aw and aw[0].answered and (aw[0].settled or not tracked):
+            self.finish(aw.popleft())
+        self.ctx.counters.in_flight_since_ns = aw[0].push_ns if aw else None
+
+    # --- outputs and consumes
     def drain(self, poller: _Poller) -> None:
+        if self.consumed_fn is not None:
+            for c in self.consumed_fn() or ():
+                self._consume(c)
         while True:
             try:
                 t_out, outputs = poller.out.get_nowait()
             except queue.Empty:
                 break
             self._take(t_out, outputs)
-        self._update_in_flight()
+        self._flush()
+
+    def _consume(self, c: Consumed) -> None:
+        a = self.by_id.get(c.frame_id)
+        if a is None:
+            return
+        if c.dropped:  # the session dropped it: never taken by the model
+            a.settled = True
+            return
+        self.consumed += 1
+        a.consumed_ns = c.t_ns
+        a.rec.t_consumed = self.ctx.s(c.t_ns)
+        a.rec.consume_ms = (c.t_ns - a.push_ns) / 1e6
+        k = bisect_left(self.recent, c.t_ns)  # an output already taken that came after it
+        if k < len(self.recent):
+            self._settle(a, self.recent[k])
 
     def _take(self, t_out: int, outputs: list[Any]) -> None:
         kind: str | None = None
         for o in outputs:
             k = o.kind if o.kind in self.outputs else "control"
             self.outputs[k] += 1
+            if k == "text":
+                self._answers(t_out, str(o.text))
             if kind is None and k != "control":
                 kind = k
                 if k == "text" and self.sample_output is None:
@@ -141,25 +243,54 @@ class _SessionDriver:
         self.last_output_ns = t_out
         if kind is None:
             return
-        aw = self.awaiting
-        while aw and aw[0].push_ns <= t_out:
-            self.finish(aw.popleft(), t_out, kind)
+        self.recent.append(t_out)
+        for a in self.awaiting:
+            if not a.answered and a.push_ns <= t_out:
+                self._answer(a, t_out, kind)
+            if not a.settled and a.consumed_ns is not None and a.consumed_ns <= t_out:
+                self._settle(a, t_out)
+
+    # --- questions
+    def _answers(self, t_out: int, text: str) -> None:
+        ctx = self.ctx
+        for q in self.questions.text_at(t_out, text):
+            msg = f"first text {q.answer_ms:.1f} ms after the question: {text[:80]!r}"
+            ctx.event(ctx.make_event("answer", msg, data=q.as_dict(ctx.t0_ns)))
+
+    def ask_due(self) -> None:
+        """Push every question whose time has come (``workload.ask``)."""
+        ctx, qs = self.ctx, self.questions
+        while (q := qs.due((ctx.clock.now_ns() - self.t_start_ns) / 1e9)) is not None:
+            q.asked_ns = ctx.clock.now_ns()
+            qs.done.append(q)
+            try:
+                ctx.workload.ask(q.text)  # type: ignore[attr-defined]
+            except Exception as exc:
+                ctx.event(ctx.make_event("error", f"question not pushed: {exc!r}"[:2000]))
+                continue
+            qs.open.append(q)
+            ctx.event(ctx.make_event("question", q.text[:500], data={"at_s": q.at_s}))
 
     # --- frames
-    def push(self, frame: Frame, qlen: int) -> None:
+    def push(self, frame: Frame, qlen: int) -> bool:
+        """Push one frame; False when the session died (the run is being aborted)."""
         ctx, c = self.ctx, self.ctx.counters
         t_push = ctx.clock.now_ns()
         rec = self._record(frame, qlen, t_push)
         self.first = False
         c.dispatched += 1
+        a = _Awaiting(rec, t_push, frame.t_capture_ns, frame.t_sched_ns)
         try:
             res = ctx.workload.push(frame)
         except Exception as exc:
-            rec.error = f"{type(exc).__name__}: {exc}"[:2000]
+            failed = isinstance(exc, SessionFailed)
+            rec.error = (str(exc) if failed else f"{type(exc).__name__}: {exc}")[:2000]
             c.errors += 1
             ctx.event(ctx.make_event("error", rec.error, frame.id))
-            self.finish(_Awaiting(rec, t_push, frame.t_capture_ns, frame.t_sched_ns), None, None)
-            return
+            self.finish(a)
+            if failed:
+                ctx.request_abort(rec.error)
+            return not failed
         self.pushed += 1
         if res.dropped:
             self.session_dropped += 1
@@ -167,10 +298,12 @@ class _SessionDriver:
         rec.pending = res.pending
         if res.pending is not None:
             self.pending_max = max(self.pending_max, res.pending)
-        self.awaiting.append(_Awaiting(rec, t_push, frame.t_capture_ns, frame.t_sched_ns))
+        self.awaiting.append(a)
+        self.by_id[frame.id] = a
         while len(self.awaiting) > MAX_AWAITING:
-            self.finish(self.awaiting.popleft(), None, None)
-        self._update_in_flight()
+            self.finish(self.awaiting.popleft())
+        self._flush()
+        return True
 
     def stalled(self, now: int) -> bool:
         """No output for the response timeout while frames wait for one."""
@@ -194,17 +327,23 @@ class _SessionDriver:
     def summarise(self) -> None:
         o = self.outputs
         said = o["text"] + o["silence"]
-        self.ctx.summary.update(
+        s = self.ctx.summary
+        s.update(
             {
                 "session_frames_pushed": self.pushed,
                 "session_outputs": dict(o),
                 "silence_ratio": round(o["silence"] / said, 6) if said else None,
                 "session_dropped": self.session_dropped,
                 "session_pending_max": self.pending_max,
+                "session_consumed": self.consumed if self.consumed_fn is not None else None,
             }
         )
+        if self.questions.done or self.questions.todo:
+            t0 = self.ctx.t0_ns
+            s["session_questions"] = [q.as_dict(t0) for q in self.questions.done]
+            s["session_questions_not_asked"] = len(self.questions.todo)
         if self.sample_output is not None:
-            self.ctx.summary["sample_output"] = self.sample_output
+            s["sample_output"] = self.sample_output
 
 
 def _start(ctx: DriverContext[SessionWorkload]) -> bool:
@@ -218,6 +357,37 @@ def _start(ctx: DriverContext[SessionWorkload]) -> bool:
     return True
 
 
+def _poll_failed(ctx: DriverContext[SessionWorkload], exc: BaseException) -> None:
+    """End the run on a poll that raised, naming the cause (``SessionFailed`` names it)."""
+    msg = str(exc) if isinstance(exc, SessionFailed) else f"session poll failed: {exc!r}"
+    ctx.event(ctx.make_event("error", msg[:2000]))
+    ctx.request_abort(msg[:2000])
+
+
+def _step(ctx: DriverContext[SessionWorkload], d: _SessionDriver, poller: _Poller) -> bool:
+    """One turn of the driver loop; False when the loop must end."""
+    pushing = ctx.max_frames is None or d.pushed < ctx.max_frames
+    if pushing:
+        got = ctx.next_frame(0.05)
+    else:  # frame budget spent: only wait for the outputs
+        got = None
+        ctx.stop.wait(0.02)
+    d.drain(poller)
+    if poller.error is not None:
+        _poll_failed(ctx, poller.error)
+        return False
+    now = ctx.clock.now_ns()
+    if d.stalled(now):
+        d.report_stall(now)
+        return False
+    d.ask_due()
+    if got is not None:
+        return d.push(*got)
+    if pushing and ctx.queue is not None and ctx.queue.closed:
+        return False
+    return pushing or bool(d.awaiting)  # budget spent: wait until every frame is answered
+
+
 def drive(ctx: DriverContext[SessionWorkload]) -> None:
     if not _start(ctx):
         return
@@ -225,36 +395,13 @@ def drive(ctx: DriverContext[SessionWorkload]) -> None:
     poll_s = workload_setting(ctx, "poll_timeout_s", 0.05)
     poller = _Poller(ctx, poll_s)
     poller.start()
-    now = ctx.clock.now_ns
-    budget = ctx.max_frames
     try:
-        while not ctx.stop.is_set():
-            pushing = budget is None or d.pushed < budget
-            if pushing:
-                got = ctx.next_frame(0.05)
-            else:  # frame budget spent: only wait for the outputs
-                got = None
-                ctx.stop.wait(0.02)
-            d.drain(poller)
-            if poller.error is not None:
-                exc = poller.error
-                msg = f"session poll failed: {type(exc).__name__}: {exc}"
-                ctx.event(ctx.make_event("error", msg))
-                ctx.request_abort(msg)
-                break
-            if d.stalled(now()):
-                d.report_stall(now())
-                break
-            if got is not None:
-                d.push(*got)
-            elif pushing and ctx.queue is not None and ctx.queue.closed:
-                break
-            if not pushing and not d.awaiting:
-                break  # frame budget spent and every pushed frame answered
+        while not ctx.stop.is_set() and _step(ctx, d, poller):
+            pass
     finally:
         poller.stop(min(2.0, poll_s * 4 + 0.5))
         d.drain(poller)
         while d.awaiting:
-            d.finish(d.awaiting.popleft(), None, None)
+            d.finish(d.awaiting.popleft())
         ctx.counters.in_flight_since_ns = None
         d.summarise()

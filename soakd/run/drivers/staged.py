@@ -81,7 +81,7 @@ def _skip(
     ctx: DriverContext[StagedWorkload], frame: Frame, qlen: int, t: int, **flags: Any
 ) -> None:
     """A frame older than ``max_age_ms`` at dispatch: recorded as skipped, never run."""
-    ctx.counters.stale += 1
+    ctx.counters.skip(frame.stream)
     ctx.emit(ctx.record(frame, qlen, t, dispatched=False, skipped=True, **flags))
 
 
@@ -92,13 +92,13 @@ def drive(ctx: DriverContext[StagedWorkload]) -> None:
     first = True
     for frame, qlen in ctx.frames(0.1):
         t_dispatch = now()
-        drops = ctx.drops  # frames dropped before this one was dispatched
+        drops = ctx.drops_of(frame.stream)  # its stream's drops before it was dispatched
         warm = first or frame.t_capture_ns < warmup_end
         if max_age_ms and not first and (t_dispatch - frame.t_capture_ns) / 1e6 > max_age_ms:
             _skip(ctx, frame, qlen, t_dispatch, drop_count=drops, warmup=warm)
             continue
         c.dispatched += 1
-        c.in_flight_since_ns = t_dispatch
+        c.in_flight_since_ns, c.in_flight_stream = t_dispatch, frame.stream
         pre, infer, decode, total, error, out, t_done = _run_stages(ctx, frame, t_dispatch)
         c.in_flight_since_ns = None
         c.last_done_ns = t_done
