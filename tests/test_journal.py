@@ -3,12 +3,15 @@ over the native journal protocol (a real unix datagram socket standing in for jo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import struct
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +54,7 @@ def _soak_on_journal_stream(env: dict[str, str], db: Path) -> tuple[int, str]:
     st = os.fstat(w)
     env = env | {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
     cmd = soakd_cmd(
-        "run", *SYNTH_CLI, "--set", "workload.error_every=10", "--duration", "2s",
+        "run", *SYNTH_CLI, "--set", "workload.error_every=10", "--duration", "5s",
         "--fps", "20", "--db", str(db),
     )  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=w)
@@ -71,14 +74,21 @@ def journaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Journaled]:
     sock.bind(str(path))
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
     env["SOAKD_JOURNAL_SOCKET"] = str(path)
+    entries: list[dict[str, str]] = []
+    done = threading.Event()
+
+    def read() -> None:  # as journald does, while the soak runs (its queue holds 10)
+        sock.settimeout(0.1)
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                entries.append(decode(sock.recv(65536)))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     code, stderr = _soak_on_journal_stream(env, tmp_path_factory.mktemp("journal") / "j.db")
-    sock.setblocking(False)
-    entries = []
-    while True:
-        try:
-            entries.append(decode(sock.recv(65536)))
-        except BlockingIOError:
-            break
+    time.sleep(0.3)
+    done.set()
+    reader.join(5)
     sock.close()
     path.unlink()
     sock_dir.rmdir()
@@ -123,6 +133,19 @@ def test_without_a_journal_socket_nothing_is_sent_and_nothing_raises(tmp_path: P
     assert Journal(missing).send("hello", 6) is False
 
 
+def test_a_journal_that_reads_nothing_never_blocks_a_send(tmp_path: Path) -> None:
+    """A bound socket nobody reads (its queue holds 10): 50 sends return at once, the
+    entries past the queue dropped and counted."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "j.sock"))
+    journal = Journal(str(tmp_path / "j.sock"))
+    t0 = time.monotonic()
+    sent = [journal.send(f"entry {i}", 6) for i in range(50)]
+    assert time.monotonic() - t0 < 2.0
+    assert sent[0] and not sent[-1] and journal.dropped == sent.count(False) > 0
+    sock.close()
+
+
 def test_stderr_redirected_away_from_the_journal_gets_no_prefix(tmp_path: Path) -> None:
     """Only the stream $JOURNAL_STREAM names is the journal; another file is left plain."""
     with open(tmp_path / "a", "w") as a, open(tmp_path / "b", "w") as b:
@@ -150,7 +173,7 @@ def test_closing_summary_in_the_journal_has_no_box_drawing(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
     env |= {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}", "SOAKD_JOURNAL_SOCKET": "/nonexistent"}
     cmd = soakd_cmd(
-        "run", *SYNTH_CLI, "--duration", "2s", "--fps", "20", "--db", str(tmp_path / "b.db"),
+        "run", *SYNTH_CLI, "--duration", "5s", "--fps", "20", "--db", str(tmp_path / "b.db"),
     )  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=w, stderr=subprocess.DEVNULL)
     os.close(w)

@@ -163,10 +163,11 @@ def test_run_completes_unaffected_while_a_reader_holds_the_lock_past_the_busy_ti
     timeout; the run completes with the verdict and exit code of the same run unlocked, and
     every frame it counted is in the database."""
     monkeypatch.setattr(store, "BUSY_TIMEOUT_MS", 500)
-    control = run_soak(synthetic("run.duration=4"))
+    # 6 s: enough frame-age windows that a loaded host's noise leaves neither run untested
+    control = run_soak(synthetic("run.duration=6"))
     ready = "SELECT 1 FROM frames f JOIN runs r ON r.id = f.run_id WHERE r.status = 'running'"
     with locked(db_path, 2.0, ready_sql=ready) as locker:
-        res = run_soak(synthetic("run.duration=4"))
+        res = run_soak(synthetic("run.duration=6"))
     assert locker.stdout is not None and "released" in locker.stdout.read()
     assert res.status == "completed", res.reason
     assert (res.exit_code, res.verdict.status) == (control.exit_code, control.verdict.status)

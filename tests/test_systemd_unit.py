@@ -159,7 +159,7 @@ def soak_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real run database: one short synthetic soak that passes."""
     db = tmp_path_factory.mktemp("soak") / "demo.db"
     proc = run_cli(
-        "run", "--db", str(db), "--duration", "3", "--fps", "20", "--no-live", *SYNTH_CLI
+        "run", "--db", str(db), "--duration", "5", "--fps", "20", "--no-live", *SYNTH_CLI
     )
     assert proc.returncode == 0, proc.stderr
     return db

@@ -61,11 +61,15 @@ def encode(fields: Mapping[str, object]) -> bytes:
 
 
 class Journal:
-    """A datagram socket to journald; ``send`` never raises."""
+    """A datagram socket to journald; ``send`` never raises and never blocks: an entry
+    journald has no room for right now (its queue full: unix datagram sockets hold 10 by
+    default) is dropped, and counted in ``dropped``, rather than stalling the soak. The
+    same line still reaches the journal through stderr."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._sock: socket.socket | None = None
+        self.dropped = 0
 
     def send(self, message: str, priority: int, **fields: object) -> bool:
         entry = {"MESSAGE": message, "PRIORITY": priority, "SYSLOG_IDENTIFIER": IDENTIFIER}
@@ -73,7 +77,11 @@ class Journal:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sock.setblocking(False)
             self._sock.sendto(encode(entry), self.path)
+        except BlockingIOError:
+            self.dropped += 1
+            return False
         except OSError:
             return False
         return True
