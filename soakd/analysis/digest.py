@@ -4,13 +4,16 @@
 samples left in the store, see ``soakd.analysis.data.BOUNDED_ROWS``) and folds it into a
 ``FrameDigest`` of fixed size, whatever the run's length:
 
-* frames, in frame_id (capture) order, a chunk at a time, twice. Pass 1: exact counts, the
-  loss counters (``losses.py``), the drop-rate windows (count, max of the counters), the
+* frames, in frame_id (capture) order, a chunk at a time: one pass in Python over every
+  row (``frame_chunks``: only the columns some accumulator reads) feeds all of them: exact
+  counts, the loss counters (``losses.py``), the drop-rate windows (count, max of the
+  counters), the first dispatched frame's stage times, and of the measured frames the
   frame-age and backlog windows (every value of a window is kept until no later frame can
-  fall in it, then its exact count / floor / median / max), the first frame's stage times,
-  and per column a ``StreamQuantiles``. Pass 2: the exact order statistics the criteria and
-  the reports need (medians, p95, p99, the jitter rule's k-th largest, thresholds' pNN)
-  and the frames over k x median;
+  fall in it, then its exact count / floor / median / max) and per column a
+  ``StreamQuantiles``. Then one scan done by SQLite (``measured_matching``) returns only the
+  frames with a value in a bin that holds a wanted rank (medians, p95, p99, the jitter
+  rule's k-th largest, thresholds' pNN), which makes those exact, and the jitter column's
+  frames over a cut no higher than the rule's (k x median from the median's bins);
 * telemetry as SQLite aggregates per memory-floor window (count, floor, max of every
   metric) and the sharp drops of each memory series (the sawtooth evidence): ``view``
   is the RunData the memory criteria then judge exactly as the exact path does (two rows a
@@ -56,15 +59,17 @@ class RowSource(Protocol):
     """Where a long run's rows stay (``soakd.analysis.data.StoreSource``; the queries are
     ``soakd.store.rundata``'s of the same names)."""
 
-    def measured_chunks(
-        self, t0: float, names: Sequence[str]
+    def frame_chunks(self, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]: ...
+
+    def first_post_id(self, t0: float) -> float | None: ...
+
+    def measured_matching(
+        self,
+        t0: float,
+        names: Sequence[str],
+        ranges: Sequence[tuple[str, float, float]],
+        over: tuple[str, float] | None,
     ) -> Iterator[dict[str, np.ndarray]]: ...
-
-    def frame_groups(
-        self, t0: float, width: float, nwin: int, session: bool
-    ) -> dict[str, np.ndarray]: ...
-
-    def first_dispatched(self, names: Sequence[str]) -> dict[str, float] | None: ...
 
     def measured_over(
         self, t0: float, column: str, cut: float, limit: int
@@ -136,11 +141,11 @@ class DropWindows:
         return cls(t0, t1, width, np.zeros(n, np.int64), np.full(n, -np.inf), np.full(n, -np.inf))
 
     def add(self, t: np.ndarray, lost: np.ndarray, drop: np.ndarray) -> None:
-        ok = np.isfinite(t) & (t >= self.t0) & (t <= self.t1)
-        idx = stats.window_index(t[ok], self.t0, self.width, len(self.count))
+        """Fold post-warm-up rows in (a row past the last window counts in it)."""
+        idx = stats.window_index(t, self.t0, self.width, len(self.count))
         self.count += np.bincount(idx, minlength=len(self.count))
-        np.maximum.at(self.lost_max, idx, lost[ok])
-        np.maximum.at(self.drop_max, idx, drop[ok])
+        np.maximum.at(self.lost_max, idx, lost)
+        np.maximum.at(self.drop_max, idx, drop)
 
     @property
     def centres(self) -> np.ndarray:
@@ -172,7 +177,6 @@ class _Counters:
     first_post_id: float = math.inf
     err_post: int = 0
     err_warm: int = 0
-    sess_carry: float = 0.0
     pre_max: list[float] = field(default_factory=lambda: [-math.inf] * 3)
     post_max: list[float] = field(default_factory=lambda: [-math.inf] * 3)
     top: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -238,44 +242,12 @@ def window_bounds(data: RunData, source: RowSource) -> tuple[float, float]:
 
 def _quantile_columns(data: RunData, crit: CriteriaSettings) -> list[str]:
     """The measured frames' columns with a StreamQuantiles: the reports' stages, frame age,
-    queue length, a session's output latency and the thresholds' frame columns."""
-    cols = [*STAGE_COLUMNS, "frame_age_ms", "queue_len"]
+    a session's output latency and the thresholds' frame columns."""
+    cols = [*STAGE_COLUMNS, "frame_age_ms"]
     if data.meta.shape == "session":
         cols.append("output_latency_ms")
     cols += [t.parsed().column for t in crit.thresholds if t.parsed().source == "frames"]
     return list(dict.fromkeys(cols))
-
-
-def _counters(
-    data: RunData, src: RowSource, t0: float, w: float, nwin: int
-) -> tuple[_Counters, DropWindows]:
-    """Counts, loss counters, errors and the drop-rate windows, from SQLite's per-window
-    groups of the rows (``rundata.frame_groups``)."""
-    g = src.frame_groups(t0, w, nwin, data.meta.shape == "session")
-    pre, post = g["g"] < 0, g["g"] >= 0
-    c = _Counters(rows=int(g["rows"].sum()), post=int(g["rows"][post].sum()),
-                  measured=int(g["measured"][post].sum()))  # fmt: skip
-    c.last_capture = float(np.nanmax(g["t_max"])) if g["t_max"].size else -math.inf
-    if post.any():
-        c.first_post_id = float(g["first_id"][post].min())
-    c.err_post, c.err_warm = int(g["errors"][post].sum()), int(g["errors"][pre].sum())
-    for i, k in enumerate(("drop", "stale", "sess")):
-        if pre.any():
-            c.pre_max[i] = float(g[k][pre].max())
-        if post.any():
-            c.post_max[i] = float(g[k][post].max())
-    if g["rows"].size:
-        c.top = [float(g["drop"].max()), float(g["stale"].max())]
-    drops = DropWindows.empty(t0, t0 + nwin * w, w)
-    drops.lost_max[:], drops.drop_max[:] = np.nan, np.nan
-    idx = g["g"][post].astype(np.int64)
-    drops.count[idx] = g["rows"][post]
-    drops.lost_max[idx], drops.drop_max[idx] = g["lost"][post], g["drop"][post]
-    first = src.first_dispatched(STAGE_COLUMNS)
-    if first is not None:
-        vals = {k.removesuffix("_ms"): float(np.float32(v)) for k, v in first.items()}
-        c.first_ms = {k: v if math.isfinite(v) else None for k, v in vals.items()}
-    return c, drops
 
 
 def _losses(data: RunData, c: _Counters) -> tuple[Losses, float, float]:
@@ -292,32 +264,90 @@ def _losses(data: RunData, c: _Counters) -> tuple[Losses, float, float]:
 
 
 @dataclass
-class _Pass1:
+class _Scan:
+    """What the one scan over the rows folds (``_scan``)."""
+
+    counters: _Counters
+    drops: DropWindows
     age: WindowFold
     backlog: WindowFold | None
     quantiles: dict[str, StreamQuantiles]
+    sess_carry: float = -math.inf
+
+    def count(self, ch: dict[str, np.ndarray], t0: float) -> np.ndarray:
+        """Fold a chunk of rows into the counters and the drop-rate windows (the rows'
+        counts, errors, largest running loss counters; ``losses.py``); returns the mask
+        of its measured frames."""
+        c, t, f = self.counters, ch["t_capture"], ch["flags"]
+        post = ((f & 1) == 0) & (t >= t0)
+        measured, err = post & ((f & 2) == 0), (f & 4) != 0
+        d, s = ch["drop_count"], ch["stale_count"]
+        x = ch.get("session_dropped")
+        if x is None:
+            x = np.zeros_like(d)
+        else:  # a running max over the rows, carried across chunks (as the SQL window)
+            x = np.maximum.accumulate(np.r_[self.sess_carry, x])[1:]
+            self.sess_carry = float(x[-1])
+        c.rows += int(t.size)
+        c.post += int(post.sum())
+        c.measured += int(measured.sum())
+        if t.size:
+            c.last_capture = max(c.last_capture, float(np.nanmax(t)))
+            c.top = [max(c.top[0], float(d.max())), max(c.top[1], float(s.max()))]
+        c.err_post += int((err & post).sum())
+        c.err_warm += int((err & ~post).sum())
+        for i, v in enumerate((d, s, x)):
+            if post.any():
+                c.post_max[i] = max(c.post_max[i], float(v[post].max()))
+            if not post.all():
+                c.pre_max[i] = max(c.pre_max[i], float(v[~post].max()))
+        self.drops.add(t[post], (d + s + x)[post], d[post])
+        if c.first_ms is None:
+            sent = np.flatnonzero((f & 2) == 0)
+            if sent.size:
+                row = {k.removesuffix("_ms"): float(ch[k][sent[0]]) for k in STAGE_COLUMNS}
+                c.first_ms = {k: v if math.isfinite(v) else None for k, v in row.items()}
+        return measured
 
 
-def _pass1(data: RunData, src: RowSource, crit: CriteriaSettings, t0: float, t1: float) -> _Pass1:
-    """The one pass over the measured frames in Python: the frame-age and backlog windows
-    and every StreamQuantiles (``jitter:COL``: over the frames that did not raise)."""
+def _scan(data: RunData, src: RowSource, crit: CriteriaSettings, t0: float, t1: float) -> _Scan:
+    """The one pass over every row of the run in Python: counts, loss counters and the
+    drop-rate windows of all rows; of the measured frames the frame-age and backlog
+    windows and every StreamQuantiles (``jitter:COL``: over the frames that did not
+    raise)."""
     w = age_window_s(max(t1 - t0, 0.0), data.meta.fps)
+    nwin = stats.window_count(t0, t1, w)
     cols = _quantile_columns(data, crit)
     oldest = data.meta.setting("run", "consume") == "oldest" and bool(data.meta.fps)
-    p = _Pass1(WindowFold(t0, t1, w), WindowFold(t0, t1, w) if oldest else None, {})
-    for ch in src.measured_chunks(t0, ["t_capture", "has_error", *cols]):
-        clean = ch["has_error"] == 0
-        age = ch["frame_age_ms"]
-        td = ch["t_capture"] + age / 1000.0  # the dispatch axis, as the exact path takes it
-        done = float(ch["t_capture"].max())
+    counters = ["drop_count", "stale_count"]
+    if data.meta.shape == "session":
+        counters.append("session_dropped")
+    drops = DropWindows.empty(t0, t0 + nwin * w, w)
+    p = _Scan(_Counters(), drops, WindowFold(t0, t1, w),
+              WindowFold(t0, t1, w) if oldest else None, {})  # fmt: skip
+    p.counters.top = [-math.inf, -math.inf]
+    extra = ["queue_len"] if oldest and "queue_len" not in cols else []
+    for ch in src.frame_chunks(["t_capture", "flags", *counters, *cols, *extra]):
+        m = p.count(ch, t0)
+        clean = m & ((ch["flags"] & 4) == 0)
+        age = ch["frame_age_ms"][m]
+        td = ch["t_capture"][m] + age / 1000.0  # the dispatch axis, as the exact path takes it
+        done = float(np.nanmax(ch["t_capture"]))
         p.age.add(td, age, done)
         if p.backlog is not None:
-            p.backlog.add(td, ch["queue_len"], done)
+            p.backlog.add(td, ch["queue_len"][m], done)
         for col in cols:
-            p.quantiles.setdefault(col, StreamQuantiles()).add(ch[col])
+            p.quantiles.setdefault(col, StreamQuantiles()).add(ch[col][m])
         for col in JITTER_COLUMNS:
             if col in ch:
                 p.quantiles.setdefault(f"jitter:{col}", StreamQuantiles()).add(ch[col][clean])
+    c = p.counters
+    if not c.rows:
+        c.top = [0.0, 0.0]
+    if c.post:
+        c.first_post_id = src.first_post_id(t0) or 0.0
+    empty = drops.count == 0
+    drops.lost_max[empty], drops.drop_max[empty] = np.nan, np.nan
     return p
 
 
@@ -325,7 +355,7 @@ def _jitter_column(q: dict[str, StreamQuantiles]) -> str | None:
     return next((c for c in JITTER_COLUMNS if q.get(f"jitter:{c}") and q[f"jitter:{c}"].n), None)
 
 
-def _want(p: _Pass1, crit: CriteriaSettings) -> tuple[str | None, int]:
+def _want(p: _Scan, crit: CriteriaSettings) -> tuple[str | None, int]:
     """Name the ranks the criteria decide on (frame age's median and p95, thresholds'
     pNN and medians, the jitter rule's); returns the jitter column and its k-th rank.
     The reports' other percentiles stay approximate (``FrameDigest.dist``)."""
@@ -344,31 +374,86 @@ def _want(p: _Pass1, crit: CriteriaSettings) -> tuple[str | None, int]:
     return col, rank
 
 
-def _refine(src: RowSource, p: _Pass1, t0: float) -> None:
-    """Pass 2 over the measured frames, reading only the columns with a wanted rank."""
-    keys = [k for k, q in p.quantiles.items() if q.bins()]
-    cols = list(dict.fromkeys(k.removeprefix("jitter:") for k in keys))
-    if not cols:
-        return
-    for ch in src.measured_chunks(t0, ["has_error", *cols]):
-        clean = ch["has_error"] == 0
-        for k in keys:
-            v = ch[k.removeprefix("jitter:")]
-            p.quantiles[k].refine(v[clean] if k.startswith("jitter:") else v)
+@dataclass
+class _Over:
+    """The jitter column's frames over a cut no higher than the rule's (``_refine``):
+    frame ids, capture times and the stored values, in frame order; ``full``: more than
+    MAX_POSITIONS + 1 of them (then the rule's own are queried apart)."""
+
+    column: str
+    cut: float
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    n: int = 0
+    full: bool = False
+
+    def add(self, ch: dict[str, np.ndarray]) -> None:
+        if self.full:
+            return
+        y = ch[self.column]
+        keep = ((ch["flags"] & 4) == 0) & (y > self.cut)
+        self.parts.append((ch["frame_id"][keep], ch["t_capture"][keep], y[keep]))
+        self.n += int(keep.sum())
+        if self.n > MAX_POSITIONS + 1:
+            self.full, self.parts = True, []
+
+    def over(self, cut: float) -> dict[str, np.ndarray]:
+        """``rundata.measured_over``'s answer for ``cut`` (>= ``self.cut``)."""
+        fid, t, y = (np.concatenate([p[i] for p in self.parts] or [np.empty(0)]) for i in range(3))
+        keep = np.flatnonzero(y > cut)[: MAX_POSITIONS + 1]
+        return {
+            "frame_id": fid[keep],
+            "t_capture": t[keep],
+            self.column: y[keep].astype(np.float32),
+        }
 
 
-def _jitter(src: RowSource, col: str, q: StreamQuantiles, rank: int, k: float, t0: float) -> Jitter:
-    """The frames over k x median (exact now), the tail's (from an approximate cut) and the
-    first frame at the maximum, from one query of the frames above the lowest of the cuts."""
-    med = q.median()
+def _cut(q: StreamQuantiles, k: float, med: float) -> tuple[float, float]:
+    """(the tail cut, the lowest of k x median, the tail cut and the max) for ``med``."""
     mid = sum(q.bin_range((q.n - 1) // 2)) / 2
     tail_cut = max(mid + 5.0 * 1.4826 * q.approx_mad(mid), 1.5 * mid)
     cut = min(k * med, tail_cut, q.max)
-    rows = src.measured_over(t0, col, cut - abs(cut) * 1e-6 - 1e-30, MAX_POSITIONS + 1)
+    return tail_cut, cut - abs(cut) * 1e-6 - 1e-30
+
+
+def _refine(src: RowSource, p: _Scan, t0: float, jit: tuple[str, float] | None) -> _Over | None:
+    """Pass 2, in SQLite: the measured frames with a value in a bin holding a wanted rank,
+    or (``jit``: the jitter column and k) over a cut no higher than the jitter rule's
+    (from the bins of the median: its exact value is not known yet), in one scan."""
+    keys = [k for k, q in p.quantiles.items() if q.bins()]
+    ranges = [
+        (k.removeprefix("jitter:"), lo, hi) for k in keys for lo, hi in p.quantiles[k].bounds()
+    ]
+    over = None
+    if jit is not None:
+        col, k = jit
+        q = p.quantiles[f"jitter:{col}"]
+        lo_med, hi_med = q.bin_range((q.n - 1) // 2)[0], q.bin_range(q.n // 2)[1]
+        over = _Over(col, _cut(q, k, min(lo_med, hi_med))[1])
+    cols = sorted({c for c, _lo, _hi in ranges} | ({over.column} if over else set()))
+    if not ranges and over is None:
+        return None
+    for ch in src.measured_matching(t0, cols, ranges, (over.column, over.cut) if over else None):
+        clean = (ch["flags"] & 4) == 0
+        for key in keys:
+            v = ch[key.removeprefix("jitter:")].astype(np.float32)
+            p.quantiles[key].refine(v[clean] if key.startswith("jitter:") else v)
+        if over is not None:
+            over.add(ch)
+    return over
+
+
+def _jitter(
+    src: RowSource, over: _Over, q: StreamQuantiles, rank: int, k: float, t0: float
+) -> Jitter:
+    """The frames over k x median (exact now), the tail's (from an approximate cut) and the
+    first frame at the maximum, from the frames above the lowest of the cuts."""
+    col, med = over.column, q.median()
+    tail_cut, cut = _cut(q, k, med)
+    rows = src.measured_over(t0, col, cut, MAX_POSITIONS + 1) if over.full else over.over(cut)
     y, fid, t = rows[col], rows["frame_id"], rows["t_capture"]
     complete = y.size <= MAX_POSITIONS
     y, fid, t = y[:MAX_POSITIONS], fid[:MAX_POSITIONS], t[:MAX_POSITIONS]
-    over = y > k * med
+    over_k = y > k * med
     at_max = np.flatnonzero(y == np.float32(q.max))
     levels = {
         "median_ms": med,
@@ -386,7 +471,7 @@ def _jitter(src: RowSource, col: str, q: StreamQuantiles, rank: int, k: float, t
         "tail_score": per.score,
         "approximate": {"tail_cut_ms": "median absolute deviation from 0.2 % bins"},
     }
-    j = Jitter(col, levels, (y[over], fid[over], t[over]), q.order_stat(rank), q.n, tail_ev)
+    j = Jitter(col, levels, (y[over_k], fid[over_k], t[over_k]), q.order_stat(rank), q.n, tail_ev)
     j.over_complete = complete
     return j
 
@@ -452,16 +537,15 @@ def digest_run(data: RunData, crit: CriteriaSettings, k: float) -> FrameDigest:
     if src is None:
         raise ValueError("digest_run needs a RunData whose rows stay in the store")
     t0, t1 = window_bounds(data, src)
-    w = age_window_s(max(t1 - t0, 0.0), data.meta.fps)
-
     view, saw = _sample_view(data, src, crit, t0, t1)
-    counters, drops = _counters(data, src, t0, w, stats.window_count(t0, t1, w))
-    p = _pass1(data, src, crit, t0, t1)
+    p = _scan(data, src, crit, t0, t1)
     col, rank = _want(p, crit)
-    _refine(src, p, t0)
-    jit = _jitter(src, col, p.quantiles[f"jitter:{col}"], rank, k, t0) if col else None
+    over = _refine(src, p, t0, (col, k) if col else None)
+    q = p.quantiles[f"jitter:{col}"] if col else None
+    jit = _jitter(src, over, q, rank, k, t0) if over is not None and q is not None else None
+    counters = p.counters
     loss, prev_lost, prev_drop = _losses(data, counters)
-    dg = FrameDigest(t0, t1, counters, loss, drops, p.age.windows(),
+    dg = FrameDigest(t0, t1, counters, loss, p.drops, p.age.windows(),
                      p.backlog.windows() if p.backlog else None, p.quantiles, jit, view, saw,
                      (prev_lost, prev_drop))  # fmt: skip
     dg.notes.append(

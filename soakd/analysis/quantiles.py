@@ -4,9 +4,10 @@ The judge reads millisecond columns as float32 (``soakd.store.rundata``), and a 
 to a 32-bit key that sorts as the value does. Pass 1 (``add``) counts the keys' top
 ``TOP_BITS`` (a histogram of 2^18 bins, 2 MB) besides n, sum, min and max; ``want`` then
 names the ranks needed, and pass 2 (``refine``) counts the low bits of the keys in just the
-bins holding those ranks. ``order_stat`` / ``percentile`` / ``median`` are then exact
-(the same order statistics as numpy on the whole array; numpy's linear interpolation is
-redone in float64). Memory is fixed whatever the run's length.
+bins holding those ranks (it may be fed only the values within ``bounds``: SQLite picks
+them). ``order_stat`` / ``percentile`` / ``median`` are then exact (the same order
+statistics as numpy on the whole array; numpy's linear interpolation is redone in float64).
+Memory is fixed whatever the run's length.
 
 Between the passes only the bins are known: a value is placed within a relative
 ``BIN_RELATIVE`` (2^-9 = 0.2 %), which is what ``approx_mad`` gives (used only for evidence,
@@ -101,11 +102,17 @@ class StreamQuantiles:
             out.append((b, lo, key_value((b << LOW_BITS) + 1) - lo))
         return out
 
-    def refine_steps(self, b: int, steps: np.ndarray, counts: np.ndarray) -> None:
-        """Pass 2 from another counter (SQLite): ``counts`` of the values ``lowest + step *
-        steps`` of bin ``b``."""
-        low = self._low[b]
-        np.add.at(low, steps.astype(np.int64), counts.astype(np.int64))
+    def bounds(self) -> list[tuple[float, float]]:
+        """Per bin holding a wanted rank, a range (inclusive) of float64 values that holds
+        every value whose float32 falls in the bin (its ends' float32 neighbours; -inf /
+        inf past the finite ones): what pass 2 asks SQLite for (``rundata.measured_matching``)."""
+        out = []
+        for b in self._low:
+            lo_key, hi_key = (b << LOW_BITS) - 1, (b + 1) << LOW_BITS
+            lo = key_value(lo_key) if lo_key >= 0 else -math.inf
+            hi = key_value(hi_key) if hi_key < 1 << 32 else math.inf
+            out.append((-math.inf if math.isnan(lo) else lo, math.inf if math.isnan(hi) else hi))
+        return out
 
     def order_stat(self, r: int) -> float:
         """The value of rank ``r`` (0-based ascending); ``want`` must have named it."""

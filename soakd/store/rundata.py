@@ -262,9 +262,16 @@ def _num(v: Any) -> float | None:
 _FLAG_EXPR = {"warmup": "warmup", "skipped": "skipped", "has_error": "(error IS NOT NULL)"}
 
 
-def count_rows(conn: sqlite3.Connection, run_id: str) -> tuple[int, int]:
-    """(frames, samples) of the run."""
-    return _count(conn, "frames", run_id), _count(conn, "samples", run_id)
+def count_rows(conn: sqlite3.Connection, run_id: str, cap: int | None = None) -> tuple[int, int]:
+    """(frames, samples) of the run; with ``cap``, each counted only up to ``cap`` (what
+    deciding "more than BOUNDED_ROWS" needs, without counting a long run to the end)."""
+    if cap is None:
+        return _count(conn, "frames", run_id), _count(conn, "samples", run_id)
+    sql = "SELECT count(*) FROM (SELECT 1 FROM {} WHERE run_id = ? LIMIT ?)"
+    frames, samples = (
+        int(conn.execute(sql.format(t), (run_id, cap)).fetchone()[0]) for t in ("frames", "samples")
+    )
+    return frames, samples
 
 
 def run_extent(
@@ -289,18 +296,30 @@ def run_extent(
 _MEASURED = "run_id = ? AND warmup = 0 AND skipped = 0 AND t_capture >= ?"
 """The measured frames (RunData.measured): post-warm-up, dispatched."""
 
+SCAN_ROWS = 100_000
+_SCAN_EXPR = {
+    **_FLAG_EXPR,
+    "flags": "warmup + 2 * skipped + 4 * (error IS NOT NULL)",
+    "drop_count": "coalesce(drop_count, 0)",
+    "stale_count": "coalesce(stale_count, 0)",
+    "session_dropped": "coalesce(session_dropped, 0)",
+}
+"""What a scanned name selects: ``flags`` packs warm-up (1), skipped (2) and error (4) in
+one value; the loss counters are read as the exact path reads them (NULL -> 0)."""
 
-def measured_chunks(
-    conn: sqlite3.Connection, run_id: str, t0: float, names: Sequence[str], rows: int = 50_000
-) -> Iterator[dict[str, np.ndarray]]:
-    """The measured frames from ``t0`` on, ordered by frame_id, ``rows`` at a time, typed
-    as ``load_frame_columns`` types them (milliseconds float32): only ``names``."""
-    exprs = [_FLAG_EXPR.get(n, n) for n in names]
-    sql = f"SELECT {', '.join(exprs)} FROM frames WHERE {_MEASURED} ORDER BY frame_id"
-    dtypes = {n: np.float32 for n in _MS32} | {n: np.int8 for n in _FLAG_EXPR}
+
+def _chunks(
+    conn: sqlite3.Connection, sql: str, params: Sequence[Any], names: Sequence[str], rows: int,
+    as_float32: bool = True,
+) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    """``sql``'s rows ``rows`` at a time as one array per name (milliseconds float32 when
+    ``as_float32``, flags int8, the rest float64)."""
+    dtypes: dict[str, Any] = {n: np.int8 for n in (*_FLAG_EXPR, "flags")}
+    if as_float32:
+        dtypes |= {n: np.float32 for n in _MS32}
     cur = conn.cursor()
     cur.row_factory = None
-    cur.execute(sql, (run_id, t0))
+    cur.execute(sql, tuple(params))
     try:
         while block := cur.fetchmany(rows):
             arr = _block(block, len(names))
@@ -318,52 +337,94 @@ def _block(rows: list[tuple[Any, ...]], width: int) -> np.ndarray:
     return flat.reshape(len(rows), width)
 
 
-def frame_groups(
-    conn: sqlite3.Connection, run_id: str, t0: float, width: float, nwin: int, session: bool
-) -> dict[str, np.ndarray]:
-    """The rows' counts and running loss counters per drop-rate window of the post-warm-up
-    rows (``g`` >= 0; ``g`` = -1: the warm-up rows): ``rows``, ``measured``, the largest
-    ``drop`` / ``stale`` / session-dropped (``sess``, a running max) counter and their sum
-    ``lost``, the first ``frame_id``, ``errors`` and the last capture ``t_max``."""
-    wexpr, wparams = _window_expr(t0, width, nwin)
-    wexpr = wexpr.replace("(t - ?)", "(t_capture - ?)")
-    sess = (
-        "max(coalesce(session_dropped, 0)) OVER (ORDER BY frame_id ROWS UNBOUNDED PRECEDING)"
-        if session
-        else "0.0"
-    )
+def frame_chunks(
+    conn: sqlite3.Connection, run_id: str, names: Sequence[str], rows: int = SCAN_ROWS
+) -> Iterator[dict[str, np.ndarray]]:
+    """Every row of the run (warm-up and skipped ones too), ordered by frame_id, ``rows``
+    at a time: only ``names`` (``_SCAN_EXPR`` says what ``flags`` and the counters read),
+    typed as ``load_frame_columns`` types them."""
+    exprs = [_SCAN_EXPR.get(n, n) for n in names]
+    sql = f"SELECT {', '.join(exprs)} FROM frames WHERE run_id = ? ORDER BY frame_id"
+    return _chunks(conn, sql, (run_id,), names, rows)
+
+
+def measured_matching(
+    conn: sqlite3.Connection,
+    run_id: str,
+    t0: float,
+    names: Sequence[str],
+    ranges: Sequence[tuple[str, float, float]],
+    over: tuple[str, float] | None = None,
+    rows: int = SCAN_ROWS,
+) -> Iterator[dict[str, np.ndarray]]:
+    """The measured frames from ``t0`` on with a value in one of ``ranges`` (column, lo,
+    hi: inclusive) or, with ``over`` (column, cut), that did not raise and have ``column``
+    > ``cut``: ``flags``, ``frame_id``, ``t_capture`` and ``names`` as stored (float64),
+    in frame order. One scan in SQLite; only the matching rows come to Python."""
+    cols = {c for c, _lo, _hi in ranges} | ({over[0]} if over else set())
+    bad = sorted(c for c in cols | set(names) if c not in FRAME_FIELDS)
+    if bad:
+        raise ValueError(f"unknown frame column {bad[0]!r}")
+    terms = [f"{c} BETWEEN ? AND ?" for c, _lo, _hi in ranges]
+    params: list[Any] = [v for _c, lo, hi in ranges for v in (lo, hi)]
+    if over:
+        terms.append(f"({over[0]} > ? AND error IS NULL)")
+        params.append(over[1])
+    if not terms:
+        return iter(())
+    names = ["flags", "frame_id", "t_capture", *names]
+    exprs = [_SCAN_EXPR.get(n, n) for n in names]
     sql = (
-        f"SELECT g, count(*), sum(skipped = 0), max(d), max(s), max(x), max(d + s + x), "
-        f"min(frame_id), sum(err), max(t_capture) FROM (SELECT frame_id, t_capture, skipped, "
-        f"coalesce(drop_count, 0) AS d, coalesce(stale_count, 0) AS s, {sess} AS x, "
-        f"error IS NOT NULL AS err, CASE WHEN warmup = 0 AND t_capture >= ? THEN {wexpr} "
-        f"ELSE -1 END AS g FROM frames WHERE run_id = ?) GROUP BY g ORDER BY g"
+        f"SELECT {', '.join(exprs)} FROM frames WHERE {_MEASURED} AND ({' OR '.join(terms)}) "
+        "ORDER BY frame_id"
     )
-    names = (
-        "g",
-        "rows",
-        "measured",
-        "drop",
-        "stale",
-        "sess",
-        "lost",
-        "first_id",
-        "errors",
-        "t_max",
-    )
-    return _columns(conn, sql, (t0, *wparams, run_id), names, nwin + 1)
+    return _chunks(conn, sql, (run_id, t0, *params), names, rows, as_float32=False)
 
 
-def first_dispatched(
-    conn: sqlite3.Connection, run_id: str, names: Sequence[str]
-) -> dict[str, float] | None:
-    """``names`` of the run's first dispatched frame (warm-up or not), None without one."""
+_VALUES = {
+    False: "run_id = ? AND warmup = 0 AND skipped = 0 AND error IS NULL",
+    True: "run_id = ? AND first = 0 AND skipped = 0 AND error IS NULL",
+}
+"""The frames ``soakd compare`` reads (``profiling_queries.frame_values``): dispatched and
+did not raise; a soak run's after the warm-up, a profile run's all but the first."""
+
+
+def value_chunks(
+    conn: sqlite3.Connection,
+    run_id: str,
+    names: Sequence[str],
+    *,
+    profile: bool,
+    ranges: Sequence[tuple[str, float, float]] | None = None,
+    rows: int = SCAN_ROWS,
+) -> Iterator[dict[str, np.ndarray]]:
+    """``names`` (float64, NaN: NULL) of the frames ``soakd compare`` reads (``_VALUES``) in
+    frame order, ``rows`` at a time; with ``ranges`` (column, lo, hi: inclusive) only the
+    frames with a value in one of them, found by SQLite in one scan."""
+    bad = sorted(
+        c for c in {c for c, _lo, _hi in ranges or ()} | set(names) if c not in FRAME_FIELDS
+    )
+    if bad:
+        raise ValueError(f"unknown frame column {bad[0]!r}")
+    where = _VALUES[profile]
+    params: list[Any] = [run_id]
+    if ranges is not None:
+        if not ranges:
+            return iter(())
+        where += " AND (" + " OR ".join(f"{c} BETWEEN ? AND ?" for c, _lo, _hi in ranges) + ")"
+        params += [v for _c, lo, hi in ranges for v in (lo, hi)]
+    sql = f"SELECT {', '.join(names)} FROM frames WHERE {where} ORDER BY frame_id"
+    return _chunks(conn, sql, params, names, rows, as_float32=False)
+
+
+def first_post_id(conn: sqlite3.Connection, run_id: str, t0: float) -> float | None:
+    """The frame_id of the first row after the warm-up (not flagged, captured from t0)."""
     row = conn.execute(
-        f"SELECT {', '.join(names)} FROM frames WHERE run_id = ? AND skipped = 0 "
+        "SELECT frame_id FROM frames WHERE run_id = ? AND warmup = 0 AND t_capture >= ? "
         "ORDER BY frame_id LIMIT 1",
-        (run_id,),
+        (run_id, t0),
     ).fetchone()
-    return None if row is None else {n: _nan(v) for n, v in zip(names, row, strict=True)}
+    return None if row is None else float(row[0])
 
 
 def measured_over(
@@ -382,26 +443,30 @@ def measured_over(
     return _columns(conn, sql, (run_id, t0, cut, limit), names, n, {column: np.float32})
 
 
-def _nan(v: Any) -> float:
-    return float("nan") if v is None else float(v)
-
-
 def _window_expr(t0: float, width: float, nwin: int) -> tuple[str, list[float]]:
     """SQL for the window index of ``t`` as ``stats.window_reduce`` assigns it (clipped)."""
     return "max(0, min(?, CAST((t - ?) / ? AS INTEGER)))", [nwin - 1, t0, width]
 
 
 def sample_windows(
-    conn: sqlite3.Connection, run_id: str, t0: float, t1: float, width: float, nwin: int
+    conn: sqlite3.Connection,
+    run_id: str,
+    t0: float,
+    t1: float,
+    width: float,
+    nwin: int,
+    metrics: Sequence[str] = SAMPLE_METRICS,
 ) -> dict[str, np.ndarray]:
     """Per window of the samples in [t0, t1] (window -1: every sample before t0): the
     window ``w``, its first and last sample time ``t_lo`` / ``t_hi``, and for each of
-    SAMPLE_METRICS its ``count:NAME``, ``min:NAME`` and ``max:NAME`` (NaN: no value)."""
+    ``metrics`` (SAMPLE_METRICS) its ``count:NAME``, ``min:NAME`` and ``max:NAME`` (NaN: no
+    value)."""
+    bad = [m for m in metrics if m not in SAMPLE_METRICS]
+    if bad:
+        raise ValueError(f"unknown sample column {bad[0]!r}")
     wexpr, wparams = _window_expr(t0, width, nwin)
-    aggs = [f"count({m}), min({m}), max({m})" for m in SAMPLE_METRICS]
-    names = ["w", "t_lo", "t_hi"] + [
-        f"{f}:{m}" for m in SAMPLE_METRICS for f in ("count", "min", "max")
-    ]
+    aggs = [f"count({m}), min({m}), max({m})" for m in metrics]
+    names = ["w", "t_lo", "t_hi"] + [f"{f}:{m}" for m in metrics for f in ("count", "min", "max")]
     sql = (
         f"SELECT CASE WHEN t < ? THEN -1 ELSE {wexpr} END AS w, min(t), max(t), "
         f"{', '.join(aggs)} FROM samples WHERE run_id = ? AND t <= ? GROUP BY w ORDER BY w"

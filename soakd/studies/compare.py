@@ -10,6 +10,13 @@ A comparison has four parts:
 * the criterion outcomes of both verdicts;
 * ``regression(metric, pct)``: the release-gate check behind ``--fail-on-regression``.
 
+Runs too long to load (``soakd.analysis.data.BOUNDED_ROWS``; either run over it and both
+are read this way) are compared in bounded memory: each timing column is streamed into a
+``quantiles.StreamQuantiles`` twice (percentiles exact to float32 rounding, 1e-6 relative)
+while every k-th frame is kept as the sample the tests see (at most ``SAMPLE_N`` per run:
+all of them in a shorter run, so the tests then get the same values as the exact path);
+memory floors are SQLite's per-window minima (``rundata.sample_windows``).
+
 "Beyond noise" means the stated test rejects "no difference" at ``alpha`` (default 0.01)
 *and* the change is at least ``min_effect_pct`` (default 5 %) of run A's value and at least
 ``MIN_EFFECT_MS`` (0.1 ms) for timings: per-frame
@@ -21,21 +28,23 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from html import escape
 from typing import Any
 
 import numpy as np
 
-from soakd.analysis.data import load_run_data
+from soakd.analysis.data import BOUNDED_ROWS, load_run_data
+from soakd.analysis.digest import window_bounds
 from soakd.analysis.model import floor_window_s
-from soakd.analysis.stats import scipy_stats, window_reduce
+from soakd.analysis.quantiles import StreamQuantiles
+from soakd.analysis.stats import scipy_stats, window_count, window_reduce
 from soakd.config import flatten
 from soakd.errors import UsageError
 from soakd.records import STAGE_COLUMNS
 from soakd.store import profiling_queries as q
-from soakd.store import runs
+from soakd.store import rundata, runs
 from soakd.store.runs import RunRow
 
 SCHEMA = "soakd.compare/1"
@@ -64,6 +73,31 @@ MIN_EFFECT_MS = 0.1  # timing changes smaller than this are scheduler noise, wha
 _BOOT_RESAMPLES = 500
 _BOOT_MAX_N = 5000
 _MB = float(1 << 20)
+#: on the bounded path, the most frames per run the tests see (every k-th one)
+SAMPLE_N = 200_000
+_PCTS = (50.0, 95.0, 99.0)
+
+
+@dataclass(frozen=True)
+class Values:
+    """One run's per-frame values of a column: ``n`` (how many), ``sample`` (what the tests
+    see: all of them, or on the bounded path every k-th), and its percentiles (of all the
+    values: numpy's on the sample when it holds them all, else ``streamed``)."""
+
+    n: int
+    sample: np.ndarray
+    streamed: Callable[[float], float] | None = None
+
+    @classmethod
+    def of(cls, v: np.ndarray) -> Values:
+        return cls(int(v.size), v)
+
+    def quantile(self, pct: float) -> float | None:
+        if not self.n:
+            return None
+        if self.streamed is None:
+            return float(np.percentile(self.sample, pct))
+        return self.streamed(pct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,23 +229,35 @@ def compare(
     alpha: float = 0.01,
     min_effect_pct: float = 5.0,
     seed: int = 0,
+    bounded: bool | None = None,
 ) -> Comparison:
-    """Compare two stored runs (ids as stored; see ``soakd.store.runs.resolve``)."""
+    """Compare two stored runs (ids as stored; see ``soakd.store.runs.resolve``).
+    ``bounded``: read both in bounded memory (module docstring); None: when either run has
+    more than BOUNDED_ROWS frame + sample rows (never a generator run)."""
     ra, rb = runs.get_run(conn, run_a), runs.get_run(conn, run_b)
     rng = np.random.default_rng(seed)
-    fa, fb = _load_frames(conn, ra), _load_frames(conn, rb)
+    if bounded is None:
+        cap = BOUNDED_ROWS + 1
+        big = any(sum(rundata.count_rows(conn, r.id, cap)) > BOUNDED_ROWS for r in (ra, rb))
+        bounded = big and "generator" not in (ra.workload_kind, rb.workload_kind)
+    ca, cb = q.frame_counts(conn, ra.id), q.frame_counts(conn, rb.id)
+    fa, fb = (
+        _stream_frames(conn, r, c) if bounded else _load_frames(conn, r)
+        for r, c in ((ra, ca), (rb, cb))
+    )
     metrics = _stage_metrics(fa, fb, alpha, min_effect_pct, rng)
-    metrics.append(_drop_metric(conn, ra, rb, alpha))
-    metrics.extend(_memory_metrics(conn, ra, rb, alpha))
+    metrics.append(_drop_metric(ca, cb, alpha))
+    metrics.extend(_memory_metrics(conn, ra, rb, alpha, bounded))
     if "generator" in (ra.workload_kind, rb.workload_kind):
         metrics.extend(_stream_metrics(conn, ra, rb, alpha, min_effect_pct, rng))
     diff = config_diff(ra.config, rb.config)
     briefs = (_brief(ra, fa), _brief(rb, fb))
+    notes = [_sample_note(fa, fb)] if bounded else []
     return Comparison(
         run_a=briefs[0],
         run_b=briefs[1],
         config_diff=diff,
-        warnings=_warnings(diff, ra, rb, briefs),
+        warnings=_warnings(diff, ra, rb, briefs) + notes,
         metrics=metrics,
         criteria=_criteria(q.verdict_rows(conn, ra.id), q.verdict_rows(conn, rb.id)),
         alpha=alpha,
@@ -222,13 +268,58 @@ def compare(
 _FRAME_COLS = (*STAGE_COLUMNS, "frame_age_ms")
 
 
-def _load_frames(conn: sqlite3.Connection, run: RunRow) -> dict[str, np.ndarray]:
+def _load_frames(conn: sqlite3.Connection, run: RunRow) -> dict[str, Values]:
     vals = q.frame_values(conn, run.id, _FRAME_COLS, profile=run.mode == "profile")
-    return {k: v[np.isfinite(v)] for k, v in vals.items()}
+    return {k: Values.of(v[np.isfinite(v)]) for k, v in vals.items()}
 
 
-def _brief(run: RunRow, frames: Mapping[str, np.ndarray]) -> RunBrief:
-    n = max((len(v) for v in frames.values()), default=0)
+def _stream_frames(
+    conn: sqlite3.Connection, run: RunRow, counts: Mapping[str, int]
+) -> dict[str, Values]:
+    """``_load_frames`` in bounded memory: two streamed passes (the second reads only the
+    frames in the bins that hold a wanted percentile) and every k-th frame kept (k from
+    ``counts``, the run's ``frame_counts``: at least as many frames as are read)."""
+    profile = run.mode == "profile"
+    stride = max(1, math.ceil(counts["dispatched" if profile else "measured"] / SAMPLE_N))
+    qs = {c: StreamQuantiles() for c in _FRAME_COLS}
+    kept: dict[str, list[np.ndarray]] = {c: [] for c in _FRAME_COLS}
+    seen = 0
+    for ch in rundata.value_chunks(conn, run.id, _FRAME_COLS, profile=profile):
+        n = len(ch[_FRAME_COLS[0]])
+        pick = (seen + np.arange(n)) % stride == 0
+        seen += n
+        for c in _FRAME_COLS:
+            qs[c].add(ch[c].astype(np.float32))
+            v = ch[c][pick]
+            kept[c].append(v[np.isfinite(v)])
+    for sq in qs.values():
+        sq.want_percentiles(_PCTS)
+    ranges = [(c, lo, hi) for c, sq in qs.items() for lo, hi in sq.bounds()]
+    for ch in rundata.value_chunks(conn, run.id, _FRAME_COLS, profile=profile, ranges=ranges):
+        for c, sq in qs.items():
+            sq.refine(ch[c].astype(np.float32))
+    return {
+        c: Values(qs[c].n, np.concatenate(kept[c]), _streamed_percentile(qs[c]))
+        for c in _FRAME_COLS
+    }
+
+
+def _sample_note(fa: Mapping[str, Values], fb: Mapping[str, Values]) -> str:
+    """What the tests of a bounded comparison saw."""
+    a, b = fa["total_ms"], fb["total_ms"]
+    return (
+        "long runs compared in bounded memory: percentiles exact over every frame; the tests "
+        f"on a sample of every k-th frame ({a.sample.size} of {a.n} in A, "
+        f"{b.sample.size} of {b.n} in B)"
+    )
+
+
+def _streamed_percentile(sq: StreamQuantiles) -> Callable[[float], float]:
+    return lambda pct: sq.max if pct >= 100 else sq.percentile(pct)
+
+
+def _brief(run: RunRow, frames: Mapping[str, Values]) -> RunBrief:
+    n = max((v.n for v in frames.values()), default=0)
     return RunBrief(
         id=run.id,
         name=run.name,
@@ -294,10 +385,6 @@ def _row(
     return MetricRow(name, unit, a, b, change, pct, test, p, beyond)
 
 
-def _quantile(v: np.ndarray, pct: float) -> float | None:
-    return float(np.percentile(v, pct)) if v.size else None
-
-
 def _mannwhitney(a: np.ndarray, b: np.ndarray) -> float | None:
     if a.size < 2 or b.size < 2:
         return None
@@ -325,54 +412,40 @@ def _bootstrap_pct(
 
 def _distribution_rows(
     name: str,
-    a: np.ndarray,
-    b: np.ndarray,
+    a: Values,
+    b: Values,
     alpha: float,
     min_effect: float,
     rng: np.random.Generator,
     quantiles: Sequence[str] = ("p50", "p95", "p99", "max"),
 ) -> list[MetricRow]:
+    """Each of ``quantiles`` of both runs' values, tested on their samples."""
     rows = []
     for qn in quantiles:
+        pct = 100.0 if qn == "max" else float(qn[1:])
+        qa, qb = a.quantile(pct), b.quantile(pct)
         if qn == "p50":
-            p = _mannwhitney(a, b)
+            p = _mannwhitney(a.sample, b.sample)
             sig = None if p is None else p < alpha
-            rows.append(
-                _row(
-                    f"{name}.p50", "ms", _quantile(a, 50), _quantile(b, 50), MW, p, sig, min_effect
-                )
-            )
+            rows.append(_row(f"{name}.p50", "ms", qa, qb, MW, p, sig, min_effect))
         elif qn in ("p95", "p99"):
-            pct = float(qn[1:])
-            sig = _bootstrap_pct(a, b, pct, alpha, rng)
-            qa, qb = _quantile(a, pct), _quantile(b, pct)
+            sig = _bootstrap_pct(a.sample, b.sample, pct, alpha, rng)
             rows.append(_row(f"{name}.{qn}", "ms", qa, qb, BOOT, None, sig, min_effect))
         else:
-            rows.append(
-                _row(
-                    f"{name}.max",
-                    "ms",
-                    _quantile(a, 100),
-                    _quantile(b, 100),
-                    NO_TEST,
-                    None,
-                    None,
-                    None,
-                )
-            )
+            rows.append(_row(f"{name}.max", "ms", qa, qb, NO_TEST, None, None, None))
     return rows
 
 
 def _stage_metrics(
-    fa: Mapping[str, np.ndarray],
-    fb: Mapping[str, np.ndarray],
+    fa: Mapping[str, Values],
+    fb: Mapping[str, Values],
     alpha: float,
     min_effect: float,
     rng: np.random.Generator,
 ) -> list[MetricRow]:
     rows: list[MetricRow] = []
     for col in STAGE_COLUMNS:
-        if fa[col].size or fb[col].size:
+        if fa[col].n or fb[col].n:
             rows.extend(_distribution_rows(col, fa[col], fb[col], alpha, min_effect, rng))
     rows.extend(
         _distribution_rows(
@@ -388,8 +461,8 @@ def _stage_metrics(
     return rows
 
 
-def _drop_metric(conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float) -> MetricRow:
-    ca, cb = q.frame_counts(conn, ra.id), q.frame_counts(conn, rb.id)
+def _drop_metric(ca: Mapping[str, int], cb: Mapping[str, int], alpha: float) -> MetricRow:
+    """Lost vs dispatched frames after the warm-up (``frame_counts`` of each run)."""
 
     def lost_kept(c: Mapping[str, int]) -> tuple[int, int]:
         return c["post_drops"] + c["post_stale"], c["measured"]
@@ -418,42 +491,72 @@ def floor_slope(
     its CI (level 1 - alpha), or None with fewer than three windows."""
     w = window_reduce(t, v, window_s, t0=t0, t1=t1, medians=False)
     ok = w.nonempty()
-    wt, wf = w.t[ok], w.floor[ok]
+    return _theil(w.t[ok], w.floor[ok], alpha)
+
+
+def _theil(wt: np.ndarray, wf: np.ndarray, alpha: float) -> tuple[float, float, float] | None:
+    """``floor_slope`` of the non-empty windows' centres ``wt`` and floors ``wf``."""
     if wt.size < 3:
         return None
     slope, _icpt, lo, hi = scipy_stats().theilslopes(wf / _MB, wt / 60.0, alpha=1 - alpha)
     return float(slope), float(lo), float(hi)
 
 
-def _floor_window(conn: sqlite3.Connection, run: RunRow) -> tuple[float, float, float]:
+def _floor_window(
+    conn: sqlite3.Connection, run: RunRow, bounded: bool = False
+) -> tuple[float, float, float]:
     """(t0, t1, window_s) of a run's memory floors, as the verdict takes them: the measured
     window (from the start for a profile run) and ``floor_window_s`` shortened for a short
-    run (``soakd.analysis.model.floor_window_s``)."""
-    data = load_run_data(conn, run.id)
-    t0 = 0.0 if run.mode == "profile" else data.warmup_end()
-    t1 = data.window_end(t0)
+    run (``soakd.analysis.model.floor_window_s``). ``bounded``: the run's rows are not
+    loaded (``load_run_data``'s bounded RunData)."""
+    data = load_run_data(conn, run.id, bounded=True if bounded else None)
+    profile = run.mode == "profile"
+    if data.source is not None:  # rows left in the store (a long run): bounds from there
+        t0, t1 = window_bounds(data, data.source)
+        t0 = 0.0 if profile else t0
+    else:
+        t0 = 0.0 if profile else data.warmup_end()
+        t1 = data.window_end(t0)
     configured = float(run.config.get("criteria", {}).get("floor_window_s", 10.0))
     window, _note = floor_window_s(max(t1 - t0, 0.0), configured)
     return t0, t1, window
 
 
+Fit = tuple[float, float, float] | None
+
+
+def _floor_fits(
+    conn: sqlite3.Connection, run: RunRow, alpha: float, bounded: bool
+) -> dict[str, tuple[bool, Fit]]:
+    """Per memory column: whether it was sampled from t0 on, and its ``floor_slope``; on
+    the bounded path from SQLite's per-window counts and minima (the same windows)."""
+    t0, t1, window = _floor_window(conn, run, bounded)
+    if not bounded:
+        out = {}
+        for col in MEMORY_COLUMNS:
+            t, v = q.sample_series(conn, run.id, col, t_min=t0)
+            out[col] = (bool(t.size), floor_slope(t, v, window, alpha, t0=t0, t1=t1))
+        return out
+    nwin = window_count(t0, t1, window)
+    agg = rundata.sample_windows(conn, run.id, t0, t1, window, nwin, MEMORY_COLUMNS)
+    w = agg["w"].astype(np.int64)
+    centres = t0 + (w + 0.5) * window
+    fits: dict[str, tuple[bool, Fit]] = {}
+    for col in MEMORY_COLUMNS:
+        ok = (w >= 0) & (agg[f"count:{col}"] > 0)
+        fits[col] = (bool(ok.any()), _theil(centres[ok], agg[f"min:{col}"][ok], alpha))
+    return fits
+
+
 def _memory_metrics(
-    conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float
+    conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float, bounded: bool = False
 ) -> list[MetricRow]:
     rows = []
-    fits = {}
-    sampled: set[str] = set()
-    for r in (ra, rb):
-        t0, t1, window = _floor_window(conn, r)
-        for col in MEMORY_COLUMNS:
-            t, v = q.sample_series(conn, r.id, col, t_min=t0)
-            if t.size:
-                sampled.add(col)
-            fits[(r.id, col)] = floor_slope(t, v, window, alpha, t0=t0, t1=t1)
+    fits = {r.id: _floor_fits(conn, r, alpha, bounded) for r in (ra, rb)}
     for col in MEMORY_COLUMNS:
-        if col not in sampled:
+        if not (fits[ra.id][col][0] or fits[rb.id][col][0]):
             continue
-        fa, fb = fits[(ra.id, col)], fits[(rb.id, col)]
+        fa, fb = fits[ra.id][col][1], fits[rb.id][col][1]
         sig = None
         test = f"{NO_TEST}: fewer than 3 floor windows"
         if fa is not None and fb is not None:
@@ -481,10 +584,10 @@ def _stream_metrics(
     def intervals(r: RunRow) -> np.ndarray:
         return q.emission_intervals(conn, r.id, profile=r.mode == "profile")
 
-    rows = _distribution_rows(
-        "first_emit_ms", first_emit(ra), first_emit(rb), alpha, min_effect, rng, ("p50", "max")
-    )
-    rows += _distribution_rows("interval_ms", intervals(ra), intervals(rb), alpha, min_effect, rng)
+    fa, fb = Values.of(first_emit(ra)), Values.of(first_emit(rb))
+    rows = _distribution_rows("first_emit_ms", fa, fb, alpha, min_effect, rng, ("p50", "max"))
+    ia, ib = Values.of(intervals(ra)), Values.of(intervals(rb))
+    rows += _distribution_rows("interval_ms", ia, ib, alpha, min_effect, rng)
     return rows
 
 
