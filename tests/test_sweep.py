@@ -65,6 +65,34 @@ def test_quadratic_growth_is_not_a_knee(x0: float, n: int, c: float, a: float) -
     assert find_knee(xs, [c + a * x * x for x in xs]) is None
 
 
+def test_noise_then_rising_is_not_a_knee() -> None:
+    """A first step that falls (noise) gives no rate to be out of proportion with: the
+    ordinary rise after it is not a knee (the AV video_fps sweep once said "knee at 4")."""
+    assert find_knee([1, 2, 4], [100, 95, 130]) is None
+    assert find_knee([1, 2, 3, 4, 5], [30, 27, 29, 40, 52]) is None
+    # a flat start (zero slope) is no rate either
+    assert find_knee([1, 2, 3], [10, 10, 50]) is None
+    assert find_knee([1, 2, 3, 4, 5], [100, 98, 103, 108, 160]) is None
+    # rising steps before it: the same step out of proportion is the knee
+    assert find_knee([1, 2, 3, 4, 5], [100, 102, 103, 108, 160]) == 4
+
+
+@given(
+    n=st.integers(1, 6),
+    noise=st.lists(st.floats(0.1, 5), min_size=6, max_size=6),
+    rise=st.floats(21, 100),
+)
+def test_falling_noise_then_any_rise_is_never_a_knee(
+    n: int, noise: list[float], rise: float
+) -> None:
+    """Steps that only fall, then one rise of any size: never a knee."""
+    ts = [100.0]
+    for d in noise[:n]:
+        ts.append(ts[-1] - d)
+    ts.append(ts[-1] * (1 + rise / 100))
+    assert find_knee(list(range(1, len(ts) + 1)), ts) is None
+
+
 @given(n_before=st.integers(2, 8), jump=st.floats(4, 100), base=st.floats(1, 100))
 def test_a_step_after_steady_growth_is_the_knee(n_before: int, jump: float, base: float) -> None:
     """A step of more than k x the earlier slope after steady growth is found at the step."""

@@ -116,16 +116,16 @@ def test_cache_root_follows_systemd_cache_directory(monkeypatch: pytest.MonkeyPa
 
 
 def test_omni_parts_load_through_from_pretrained(tmp_path: Path) -> None:
-    """The tiny thinker's model, image processor, feature extractor and tokenizer each load
-    back with the Auto* from_pretrained path."""
+    """The tiny Qwen2.5-Omni checkpoint is laid out as published: its config, feature
+    extractor, image processor and tokenizer each load back with the Auto* from_pretrained
+    path from the one directory."""
     from transformers import AutoConfig, AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
 
     path = ensure_tiny_model(TinySpec("qwen2.5-omni"), tmp_path)
-    assert AutoConfig.from_pretrained(path).model_type == "qwen2_5_omni_thinker"
-    assert type(AutoFeatureExtractor.from_pretrained(path / "audio")).__name__ == (
-        "WhisperFeatureExtractor"
-    )
-    assert AutoImageProcessor.from_pretrained(path / "image").merge_size == 2
+    assert AutoConfig.from_pretrained(path).model_type == "qwen2_5_omni"
+    fe = AutoFeatureExtractor.from_pretrained(path)
+    assert (type(fe).__name__, fe.feature_size) == ("WhisperFeatureExtractor", 128)
+    assert AutoImageProcessor.from_pretrained(path).merge_size == 2
     assert AutoTokenizer.from_pretrained(path).convert_tokens_to_ids("<|AUDIO|>") > 0
 
 

@@ -67,13 +67,18 @@ def find_knee(
     (x_i - x_{i-1})`` is the time added per unit of the varied value. Point *i* is the knee
     when, with at least one earlier step to compare against,
 
-    * ``s_i > k * max(median(s_1 .. s_{i-1}), 0)`` (default k = 3): the time per unit grew
-      more than threefold over the typical earlier step, and
+    * every earlier step rose (``s_1 .. s_{i-1} > 0``): a step that fell or stayed flat is
+      noise, and after noise there is no rate to be out of proportion with (a first slope
+      below zero once made noise followed by ordinary growth a "knee");
+    * ``s_i > k * median(s_1 .. s_{i-1})`` (default k = 3): the time per unit grew more
+      than threefold over the typical earlier step, and
     * ``T_i - T_{i-1} > min_jump * T_{i-1}`` (default 20 %): the jump is material, so noise
       on a flat curve is not a knee.
 
     Growth in proportion to the value (linear), and even quadratic growth (slopes rising
-    steadily, e.g. time against an image side), is not a knee; a sudden step is.
+    steadily, e.g. time against an image side), is not a knee; a sudden step after rising
+    steps is. A step after a flat or falling one is not called (no earlier rate to judge it
+    by).
     """
     pts = []
     for i, (x, t) in enumerate(zip(values, totals, strict=True)):
@@ -87,10 +92,10 @@ def find_knee(
         if x1 <= x0:
             continue
         s = (t1 - t0) / (x1 - x0)
-        if slopes:
-            ref = max(statistics.median(slopes), 0.0)
-            if s > k * ref and (t1 - t0) > min_jump * max(t0, 0.0):
-                return i1
+        if slopes and min(slopes) <= 0:
+            return None  # noise before: no rate to judge a later step by
+        if slopes and s > k * statistics.median(slopes) and (t1 - t0) > min_jump * t0:
+            return i1
         slopes.append(s)
     return None
 
@@ -209,7 +214,8 @@ class SweepResult:
             )
         return (
             f"the first point whose total p50 per unit of {self.key} exceeds {KNEE_K:g}x "
-            f"the median of the earlier steps, with a jump over {KNEE_MIN_JUMP:.0%}"
+            f"the median of the earlier steps (every one rising), with a jump over "
+            f"{KNEE_MIN_JUMP:.0%}"
         )
 
     def to_json(self) -> str:

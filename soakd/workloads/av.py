@@ -1,26 +1,34 @@
 """Audio-visual Q&A: a staged workload over a rolling window of frames and audio.
 
-Each dispatched frame updates two bounded windows: the last ``max_frames`` frames sampled
-at ``video_fps`` (by capture time) and the last ``max_audio_seconds`` of audio (the
-``Frame.audio`` chunks the runner attaches, at ``ctx.audio_rate`` Hz). ``preprocess``
-calls the processor with both; ``decode`` reports the media token counts of the request
-(``vision_tokens``, ``audio_tokens``), since they set its cost.
+Each dispatched frame updates two bounded windows: the frames of the last
+``window_seconds`` sampled at ``video_fps`` by capture time (``video_fps x window_seconds``
+frames, at most ``max_frames``) and the last ``max_audio_seconds`` of audio (the
+``Frame.audio`` chunks the runner attaches, at ``ctx.audio_rate`` Hz). ``preprocess`` calls
+the processor with the window's frames as **one video** (with ``fps = video_fps``, which
+sets the video's temporal positions) and its audio, as a separate clip or, with
+``use_audio_in_video``, interleaved with the video in time (then also passed to
+``generate``). ``decode`` reports the media token counts (``vision_tokens``,
+``audio_tokens``) and, in the frame's ``extra``, the window's frame count, the video grid
+``(t, h, w)``, the seconds per temporal grid step and the audio feature shape.
 
 Models:
 
-* built-in tiny (``model_path`` unset): a random-weight Qwen2.5-Omni *thinker* built by
-  ``soakd.workloads.tiny``. transformers' ``Qwen2_5OmniProcessor`` needs torchvision, so the
-  tiny model's three parts (Qwen2-VL image processor with the PIL backend, Whisper feature
-  extractor, tokenizer) are each loaded with ``from_pretrained`` and composed here with the
-  same placeholder arithmetic as that processor; window frames go in as images.
-* a local checkpoint (``model_path``): ``AutoProcessor`` called with ``videos=[frames]`` and
-  ``audio=[samples]``, and ``AutoModelForImageTextToText`` (e.g. Qwen2.5-Omni on a host with
-  torchvision). This path has not been run here (no checkpoint, no network).
+* built-in tiny (``model_path`` unset): a random-weight Qwen2.5-Omni checkpoint in the
+  published layout, built once by ``soakd.workloads.tiny`` (see ``soakd.workloads.omni``);
+* a local checkpoint (``model_path``): a config with a ``thinker_config`` (Qwen2.5-Omni 3B /
+  7B) loads ``Qwen2_5OmniThinkerForConditionalGeneration``; others load
+  ``AutoModelForImageTextToText``, or the class named by ``model_class``.
+
+Both Omni paths use transformers' ``Qwen2_5OmniProcessor`` from the checkpoint's files;
+where torchvision does not import, ``omni.PilVideoProcessor`` replaces only its video
+processor, so the token counts and the audio padding (every clip padded to 300 s of 128-bin
+features) are the real processor's.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,32 +44,34 @@ from soakd.workloads.hf import (
     check_model_dir,
     check_trust,
     load_error,
+    model_class_for,
     one_line,
     resize_short_side,
     synchronize,
     torch_dtype,
 )
-from soakd.workloads.tiny import (
-    AUDIO_SUBDIR,
-    IMAGE_SUBDIR,
-    OMNI_TOKENS,
-    TinySpec,
-    ensure_tiny_model,
-)
+from soakd.workloads.omni import is_omni_checkpoint, load_processor
+from soakd.workloads.tiny import TinySpec, ensure_tiny_model
 
 DEFAULT_AUDIO_RATE = 16000
 MIN_AUDIO_SAMPLES = 1600  # shorter audio windows are left-padded with silence
 
 
+def window_frames(video_fps: float, window_seconds: float, max_frames: int) -> int:
+    """Frames in a full window: ``video_fps x window_seconds``, at least 1, at most
+    ``max_frames``."""
+    return max(1, min(max_frames, round(video_fps * window_seconds)))
+
+
 class MediaWindow:
-    """The last ``max_frames`` frames kept at ``video_fps`` and the last
-    ``max_audio_seconds`` of audio. Memory is bounded by both limits."""
+    """The last ``size`` frames kept at ``video_fps`` and the last ``max_audio_seconds`` of
+    audio. Memory is bounded by both limits."""
 
     def __init__(
-        self, video_fps: float, max_frames: int, max_audio_seconds: float, audio_rate: int | None
+        self, video_fps: float, size: int, max_audio_seconds: float, audio_rate: int | None
     ) -> None:
         self.period_ns = int(1e9 / video_fps)
-        self.frames: deque[np.ndarray] = deque(maxlen=max_frames)
+        self.frames: deque[np.ndarray] = deque(maxlen=size)
         self._last_kept_ns: int | None = None
         self.audio_rate = audio_rate
         cap = round(max_audio_seconds * audio_rate) if audio_rate else 0
@@ -91,55 +101,28 @@ class MediaWindow:
         return self._audio[self._audio.size - self._audio_len :].copy()
 
 
-class _TinyOmniProcessor:
-    """The tiny thinker's processor: image processor + feature extractor + tokenizer, each
-    loaded with ``from_pretrained``, composed like ``Qwen2_5OmniProcessor``."""
+@dataclass(slots=True)
+class _Request:
+    """One request: the processor's tensors and what they say about the media."""
 
-    def __init__(self, path: Path) -> None:
-        from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
+    inputs: dict[str, Any]
+    media: dict[str, Any]
 
-        self.image_processor = AutoImageProcessor.from_pretrained(path / IMAGE_SUBDIR)
-        self.feature_extractor = AutoFeatureExtractor.from_pretrained(path / AUDIO_SUBDIR)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.merge = int(self.image_processor.merge_size) ** 2
-        t = OMNI_TOKENS
-        self.image_token_id = self.tokenizer.convert_tokens_to_ids(t["image"])
-        self.audio_token_id = self.tokenizer.convert_tokens_to_ids(t["audio"])
 
-    def __call__(
-        self, prompt: str, frames: list[np.ndarray], audio: np.ndarray | None, rate: int
-    ) -> Any:
-        from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import (
-            _get_feat_extract_output_lengths,
-        )
-
-        t = OMNI_TOKENS
-        parts = ["<|im_start|>user\n"]
-        data: dict[str, Any] = {}
-        if frames:
-            im = self.image_processor(images=frames, return_tensors="pt")
-            data["pixel_values"] = im["pixel_values"]
-            data["image_grid_thw"] = im["image_grid_thw"]
-            for n in (im["image_grid_thw"].prod(-1) // self.merge).tolist():
-                parts.append(t["vision_bos"] + t["image"] * int(n) + t["vision_eos"])
-        if audio is not None and audio.size:
-            au = self.feature_extractor(
-                [audio],
-                sampling_rate=rate,
-                padding="longest",
-                return_attention_mask=True,
-                return_tensors="pt",
-            )
-            data["input_features"] = au["input_features"]
-            data["feature_attention_mask"] = au["attention_mask"]
-            n = int(_get_feat_extract_output_lengths(au["attention_mask"].sum(-1))[0])
-            parts.append(t["audio_bos"] + t["audio"] * n + t["audio_eos"])
-        parts.append(f"{prompt}<|im_end|>\n<|im_start|>assistant\n")
-        enc = self.tokenizer(["".join(parts)], return_tensors="pt")
-        return {**enc, **data}
-
-    def batch_decode(self, ids: Any, **kwargs: Any) -> list[str]:
-        return list(self.tokenizer.batch_decode(ids, **kwargs))
+def media_facts(inputs: Any, n_frames: int) -> dict[str, Any]:
+    """The window as the processor encoded it: frames, video grid (t, h, w), seconds per
+    temporal grid step, audio feature shape (mel bins, frames; padding included)."""
+    facts: dict[str, Any] = {"window_frames": n_frames}
+    grid = inputs.get("video_grid_thw")
+    if grid is not None:
+        facts["video_grid_thw"] = [int(v) for v in grid[0].tolist()]
+    spg = inputs.get("video_second_per_grid")
+    if spg is not None:
+        facts["seconds_per_grid"] = round(float(spg[0]), 6)
+    feats = inputs.get("input_features")
+    if feats is not None:
+        facts["audio_features"] = [int(v) for v in feats.shape[1:]]
+    return facts
 
 
 class AvStaged:
@@ -151,83 +134,90 @@ class AvStaged:
         self.s = settings
         self.ctx = ctx
         self.rate = ctx.audio_rate
+        self.window_size = window_frames(
+            settings.video_fps, settings.window_seconds, settings.max_frames
+        )
         self.window = MediaWindow(
-            settings.video_fps, settings.max_frames, settings.max_audio_seconds, self.rate
+            settings.video_fps, self.window_size, settings.max_audio_seconds, self.rate
         )
         self.processor: Any = None
         self.model: Any = None
         self._path: Path | None = None
         self._tiny = settings.model_path is None
         self._token_ids: dict[str, int | None] = {}
+        self._texts: dict[bool, str] = {}
         min_new = (
             settings.max_new_tokens
             if settings.min_new_tokens is None
             else min(settings.min_new_tokens, settings.max_new_tokens)
         )
-        self._gen = {
+        self._gen: dict[str, Any] = {
             "max_new_tokens": settings.max_new_tokens,
             "min_new_tokens": min_new,
             "num_beams": settings.num_beams,
             "do_sample": settings.do_sample,
             "use_cache": settings.use_cache,
         }
+        if settings.use_audio_in_video:
+            self._gen["use_audio_in_video"] = True
         self._info: dict[str, Any] = {}
 
     # -- loading
 
     def setup(self) -> None:
+        if self.s.use_audio_in_video and not self.rate:
+            raise WorkloadError("use_audio_in_video needs an audio source ([audio] kind)")
         check_device(self.s.device)
         self.ctx.extend_timeout(LOAD_TIMEOUT_S)
-        if self._tiny:
-            self._load_tiny()
-        else:
-            self._load_checkpoint()
-        self.model = self.model.to(self.s.device).eval()
-        self._check_input_size()
-        self._info = {
-            "model_class": type(self.model).__name__,
-            "param_count": int(sum(p.numel() for p in self.model.parameters())),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "model_device": str(self.model.device),
-        }
-
-    def _load_tiny(self) -> None:
-        from transformers.models.qwen2_5_omni import Qwen2_5OmniThinkerForConditionalGeneration
-
-        path = self._path = ensure_tiny_model(
-            TinySpec("qwen2.5-omni", seed=self.ctx.seed), self.s.cache_dir or self.ctx.cache_dir
-        )
-        self.processor = _TinyOmniProcessor(path)
-        self.model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(
-            path, dtype=torch_dtype(self.s.dtype)
-        )
+        self.ctx.phase("loading model")
+        path = self._path = self._model_dir()
+        self.processor = self._load_processor(path)
+        self.model = self._load_model(path).to(self.s.device).eval()
         self._token_ids = {
-            "image": self.processor.image_token_id,
-            "video": None,
-            "audio": self.processor.audio_token_id,
+            k: getattr(self.processor, f"{k}_token_id", None) for k in ("image", "video", "audio")
         }
+        self._texts = {has_audio: self._prompt_text(has_audio) for has_audio in (False, True)}
+        self._check_input_size()
+        self._info = self._model_info()
 
-    def _load_checkpoint(self) -> None:  # pragma: no cover - needs a real checkpoint
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
+    def _model_dir(self) -> Path:
+        if self._tiny:
+            spec = TinySpec("qwen2.5-omni", seed=self.ctx.seed)
+            return ensure_tiny_model(spec, self.s.cache_dir or self.ctx.cache_dir)
         assert self.s.model_path is not None
-        path = self._path = check_model_dir(self.s.model_path)
+        path = check_model_dir(self.s.model_path)
         check_trust(path, self.s.trust_remote_code)
+        return path
+
+    def _load_processor(self, path: Path) -> Any:
+        from transformers import AutoProcessor
+
         try:
-            self.processor = AutoProcessor.from_pretrained(
-                path, trust_remote_code=self.s.trust_remote_code
-            )
+            if is_omni_checkpoint(path):
+                return load_processor(path)
+            return AutoProcessor.from_pretrained(path, trust_remote_code=self.s.trust_remote_code)
         except Exception as exc:
             raise load_error("processor", path, exc) from exc
+
+    def _load_model(self, path: Path) -> Any:
+        cls = model_class_for(path, self.s.model_class)
         try:
-            self.model = AutoModelForImageTextToText.from_pretrained(
+            return cls.from_pretrained(
                 path, dtype=torch_dtype(self.s.dtype), trust_remote_code=self.s.trust_remote_code
             )
         except Exception as exc:
             raise load_error("model", path, exc) from exc
-        self._token_ids = {
-            k: getattr(self.processor, f"{k}_token_id", None) for k in ("image", "video", "audio")
-        }
+
+    def _prompt_text(self, has_audio: bool) -> str:
+        """The chat template around [video, audio (a separate clip only), prompt]."""
+        content: list[dict[str, Any]] = [{"type": "video"}]
+        if has_audio and not self.s.use_audio_in_video:
+            content.append({"type": "audio"})
+        content.append({"type": "text", "text": self.s.prompt})
+        messages = [{"role": "user", "content": content}]
+        return str(
+            self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        )
 
     def _check_input_size(self) -> None:
         """Run the processor once on blank media of the source size, before the run."""
@@ -243,50 +233,69 @@ class AvStaged:
                 f"(short side {self.s.short_side}): {one_line(exc)}"
             ) from exc
 
+    def _model_info(self) -> dict[str, Any]:
+        proc = self.processor
+        fe = getattr(proc, "feature_extractor", None)
+        size = (getattr(proc, "videos_kwargs", None) or {}).get("size") or {}
+        info = {
+            "model_class": type(self.model).__name__,
+            "model_type": getattr(self.model.config, "model_type", None),
+            "param_count": int(sum(p.numel() for p in self.model.parameters())),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "model_device": str(self.model.device),
+            "processor": type(proc).__name__,
+            "video_processor": type(getattr(proc, "video_processor", None)).__name__,
+            "video_min_pixels": size.get("shortest_edge"),
+            "video_max_pixels": size.get("longest_edge"),
+        }
+        if fe is not None:
+            info["audio_mel_bins"] = getattr(fe, "feature_size", None)
+            n, sr = getattr(fe, "n_samples", None), getattr(fe, "sampling_rate", None)
+            info["audio_padded_seconds"] = n / sr if n and sr else None
+        return info
+
     # -- the three stages
 
-    def preprocess(self, frame: Frame) -> Any:
+    def preprocess(self, frame: Frame) -> _Request:
         rgb = resize_short_side(bgr_to_rgb(frame.image), self.s.short_side)
         self.window.add_frame(rgb, frame.stream_ns)
         self.window.add_audio(frame.audio)
         audio = self.window.audio() if self.rate else None
-        return self._call_processor(list(self.window.frames), audio)
+        frames = list(self.window.frames)
+        inputs = self._call_processor(frames, audio)
+        return _Request(inputs, media_facts(inputs, len(frames)))
 
     def _call_processor(self, frames: list[np.ndarray], audio: np.ndarray | None) -> Any:
-        rate = self.rate or DEFAULT_AUDIO_RATE
         if audio is not None and 0 < audio.size < MIN_AUDIO_SAMPLES:
             # STFT-based feature extractors need a few hundred samples (n_fft = 400)
             audio = np.pad(audio, (MIN_AUDIO_SAMPLES - audio.size, 0))
-        if self._tiny:
-            inputs = self.processor(self.s.prompt, frames, audio, rate)
-        else:  # pragma: no cover - needs a real checkpoint
-            inputs = self._checkpoint_inputs(frames, audio, rate)
-        return {k: v.to(self.s.device) if hasattr(v, "to") else v for k, v in inputs.items()}
-
-    def _checkpoint_inputs(
-        self, frames: list[np.ndarray], audio: np.ndarray | None, rate: int
-    ) -> Any:  # pragma: no cover - needs a real checkpoint
-        content: list[dict[str, Any]] = [{"type": "video"}]
-        if audio is not None and audio.size:
-            content.append({"type": "audio"})
-        content.append({"type": "text", "text": self.s.prompt})
-        text = self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
+        has_audio = audio is not None and audio.size > 0
         kwargs: dict[str, Any] = {
-            "text": [text],
+            "text": [self._texts[has_audio]],
             "videos": [np.stack(frames)],
+            "videos_kwargs": {"fps": self.s.video_fps},
             "return_tensors": "pt",
             "padding": True,
         }
-        if audio is not None and audio.size:
+        if has_audio:
             kwargs["audio"] = [audio]
-            kwargs["sampling_rate"] = rate
-        return self.processor(**kwargs)
+            kwargs["sampling_rate"] = self.rate or DEFAULT_AUDIO_RATE
+            if self.s.use_audio_in_video:
+                kwargs.update(self._audio_in_video_kwargs())
+        inputs = self.processor(**kwargs)
+        return {k: v.to(self.s.device) if hasattr(v, "to") else v for k, v in inputs.items()}
 
-    def infer(self, inputs: Any) -> Any:
+    def _audio_in_video_kwargs(self) -> dict[str, Any]:
+        """transformers >= 5.25 names it ``load_audio_from_video`` and takes the audio of
+        video 0 from ``audio``; earlier releases take ``use_audio_in_video``."""
+        if hasattr(self.processor, "load_audio_from_video"):
+            return {"load_audio_from_video": True, "audio_from_video_indices": [0]}
+        return {"use_audio_in_video": True}
+
+    def infer(self, request: _Request) -> Any:
         import torch
 
+        inputs = request.inputs
         with torch.inference_mode():
             out = self.model.generate(**inputs, **self._gen)
         ids = inputs["input_ids"]
@@ -297,17 +306,17 @@ class AvStaged:
         vision = None
         if counts["image"] is not None or counts["video"] is not None:
             vision = (counts["image"] or 0) + (counts["video"] or 0)
-        return out[:, ids.shape[1] :], vision, counts["audio"], len(self.window.frames)
+        return out[:, ids.shape[1] :], vision, counts["audio"], request.media
 
     def decode(self, outputs: Any) -> StageOutput:
-        new, vision, audio, n_frames = outputs
+        new, vision, audio, media = outputs
         text = self.processor.batch_decode(new, skip_special_tokens=True)[0]
         return StageOutput(
             text=text,
             tokens=int(new.shape[1]),
             vision_tokens=vision,
             audio_tokens=audio,
-            extra={"window_frames": n_frames},
+            extra=media,
         )
 
     def sync(self) -> None:
@@ -315,20 +324,25 @@ class AvStaged:
 
     def describe(self) -> dict[str, Any]:
         s = self.s
+        gen = {k: v for k, v in self._gen.items() if k != "use_audio_in_video"}
         return {
             "kind": "av",
             "model_path": str(self._path) if self._path else s.model_path,
             "builtin": self._tiny,
+            "model_class_requested": s.model_class,
             "device": s.device,
             "dtype_requested": s.dtype,
             "trust_remote_code": s.trust_remote_code,
             "prompt": s.prompt,
             "video_fps": s.video_fps,
+            "window_seconds": s.window_seconds,
             "max_frames": s.max_frames,
+            "window_frames": self.window_size,
             "max_audio_seconds": s.max_audio_seconds,
+            "use_audio_in_video": s.use_audio_in_video,
             "audio_rate": self.rate,
             "short_side": s.short_side,
-            **self._gen,
+            **gen,
             **self._info,
         }
 

@@ -96,6 +96,28 @@ def check_trust(path: Path, trust_remote_code: bool) -> None:
         )
 
 
+def model_class_for(path: Path, name: str | None = None) -> Any:
+    """The class ``path`` loads with: the transformers class ``name`` when given; else the
+    Qwen2.5-Omni thinker for a config with a ``thinker_config`` (``model_type =
+    "qwen2_5_omni"``, which ``AutoModelForImageTextToText`` does not know); else
+    ``AutoModelForImageTextToText``."""
+    import transformers
+
+    from soakd.workloads.omni import is_omni_checkpoint
+
+    if name:
+        try:
+            cls = getattr(transformers, name, None) if name.isidentifier() else None
+        except Exception as exc:  # a class whose backend (e.g. torchvision) does not import
+            raise WorkloadError(f"model_class {name!r}: {one_line(exc)}") from exc
+        if cls is None or not hasattr(cls, "from_pretrained"):
+            raise WorkloadError(f"model_class {name!r}: not a model class in transformers")
+        return cls
+    if is_omni_checkpoint(path):
+        return transformers.Qwen2_5OmniThinkerForConditionalGeneration
+    return transformers.AutoModelForImageTextToText
+
+
 def check_device(device: str) -> None:
     import torch
 
@@ -196,7 +218,7 @@ class HfStaged:
             # shows up as infer jitter; the setting is recorded with the run
             torch.set_num_threads(p.torch_threads)
         self.ctx.phase("loading model")
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoProcessor
 
         try:
             self.processor = AutoProcessor.from_pretrained(
@@ -208,7 +230,7 @@ class HfStaged:
         if p.attn_implementation:
             kwargs["attn_implementation"] = p.attn_implementation
         try:
-            model: Any = AutoModelForImageTextToText.from_pretrained(
+            model: Any = model_class_for(path).from_pretrained(
                 path, trust_remote_code=p.trust_remote_code, **kwargs
             )
         except Exception as exc:

@@ -11,9 +11,9 @@ Architectures (``TINY_ARCHS``):
   PIL CLIP image processor. Needs no torchvision, so it is the one that runs everywhere.
 * ``qwen2-vl``: Qwen2-VL. transformers' ``Qwen2VLProcessor`` requires torchvision (its video
   processor is mandatory), so building it without torchvision raises ``WorkloadError``.
-* ``qwen2.5-omni``: a Qwen2.5-Omni *thinker* (vision + Whisper-style audio encoder + text).
-  Its full processor also needs torchvision, so the image processor (PIL backend), the
-  Whisper feature extractor and the tokenizer are saved as three separately loadable parts.
+* ``qwen2.5-omni``: a Qwen2.5-Omni checkpoint in the published layout (``model_type =
+  "qwen2_5_omni"``, thinker weights, the 7B's processor settings); see
+  ``soakd.workloads.omni``.
 
 The directory is ``<root>/<arch>-<hash of the build spec>`` with root ``$CACHE_DIRECTORY``
 (systemd, first entry) + ``/models``, else ``~/.cache/soakd/models``. It is written into a
@@ -37,10 +37,8 @@ from typing import Any
 from soakd.workloads.base import WorkloadError
 
 TINY_ARCHS: tuple[str, ...] = ("llava", "qwen2-vl", "qwen2.5-omni")
-BUILD_VERSION = 1  # bump when a builder changes, so stale caches are not reused
+BUILD_VERSION = 2  # bump when a builder changes, so stale caches are not reused
 MARKER = ".complete"
-AUDIO_SUBDIR = "audio"  # qwen2.5-omni: WhisperFeatureExtractor
-IMAGE_SUBDIR = "image"  # qwen2.5-omni: Qwen2-VL image processor (PIL backend)
 
 _TEXT = {
     "hidden_size": 64,
@@ -273,70 +271,11 @@ def _build_qwen2_vl(spec: TinySpec, dst: Path) -> None:  # pragma: no cover - ne
     processor.save_pretrained(dst)
 
 
-OMNI_TOKENS = {
-    "image": "<|image_pad|>",
-    "video": "<|video_pad|>",
-    "audio": "<|AUDIO|>",
-    "vision_bos": "<|vision_bos|>",
-    "vision_eos": "<|vision_eos|>",
-    "audio_bos": "<|audio_bos|>",
-    "audio_eos": "<|audio_eos|>",
-}
-
-
 def _build_omni(spec: TinySpec, dst: Path) -> None:
-    from transformers import WhisperFeatureExtractor
-    from transformers.models.qwen2_5_omni import (
-        Qwen2_5OmniThinkerConfig,
-        Qwen2_5OmniThinkerForConditionalGeneration,
-    )
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
+    from soakd.workloads.omni import OMNI_SPECIALS, save_tiny_checkpoint
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *OMNI_TOKENS.values()]
-    tok = byte_tokenizer(specials, eos="<|im_end|>", pad="<|endoftext|>")
-    ids = {k: tok.convert_tokens_to_ids(v) for k, v in OMNI_TOKENS.items()}
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
-    cfg = Qwen2_5OmniThinkerConfig(
-        audio_config={
-            "num_mel_bins": 80,
-            "encoder_layers": 1,
-            "encoder_attention_heads": 2,
-            "encoder_ffn_dim": 64,
-            "d_model": 32,
-            "output_dim": _TEXT["hidden_size"],
-            "n_window": 50,
-        },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": _TEXT["hidden_size"],
-            "fullatt_block_indexes": [0],
-            "window_size": 56,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-        },
-        text_config=_text_config(tok, rope_parameters=rope),
-        audio_token_index=ids["audio"],
-        image_token_index=ids["image"],
-        video_token_index=ids["video"],
-        audio_start_token_id=ids["audio_bos"],
-        audio_end_token_id=ids["audio_eos"],
-        **{"vision_start_token_id": ids["vision_bos"]},  # read by get_rope_index
-    )
-    model = _seeded(spec.seed, lambda: Qwen2_5OmniThinkerForConditionalGeneration(cfg))
-    model.save_pretrained(dst)
-    tok.save_pretrained(dst)
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 64).save_pretrained(
-        dst / IMAGE_SUBDIR
-    )
-    WhisperFeatureExtractor(feature_size=80, sampling_rate=16000).save_pretrained(
-        dst / AUDIO_SUBDIR
-    )
+    tok = byte_tokenizer(OMNI_SPECIALS, eos="<|im_end|>", pad="<|endoftext|>")
+    save_tiny_checkpoint(dst, spec.seed, tok)
 
 
 _BUILDERS: dict[str, Callable[[TinySpec, Path], None]] = {
