@@ -36,7 +36,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from soakd.records import SAMPLE_METRICS, STAGE_COLUMNS
+from soakd.records import SAMPLE_METRICS, STAGE_COLUMNS, STAGE_NAME
 
 
 @cache
@@ -157,7 +157,7 @@ class _Section(BaseModel):
 #: the most paced sources one run may drive (``run.streams``)
 MAX_STREAMS = 256
 #: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
-SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator")
+SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game")
 
 
 class RunSettings(_Section):
@@ -350,6 +350,12 @@ SESSION_OWN_KEYS: tuple[str, ...] = (
 )
 
 
+def _check_stage_name(v: str) -> str:
+    if not STAGE_NAME.fullmatch(v):
+        raise ValueError(f"must be a stage name of [a-z0-9_] characters, got {v!r}")
+    return v
+
+
 class GeneratorWorkloadSettings(_Section):
     """A streaming frame generator (Matrix-Game style)."""
 
@@ -365,6 +371,18 @@ class GeneratorWorkloadSettings(_Section):
     device: Device = "cpu"
     seed: int = 0
     response_timeout_s: Duration = Field(30.0, gt=0)  # a request not returning = hung
+    # "rollout": one long session per run, a chunk per paced condition (Matrix-Game's shape);
+    # "request": one request per paced frame (chunks_per_request chunks each)
+    mode: Literal["rollout", "request"] = "rollout"
+    # rollout: each chunk's action / camera pose: "synthetic" (a fixed WASD + mouse path),
+    # "none", or a JSON-lines file of objects, one per chunk, cycled
+    conditions: str = "synthetic"
+    context_chunks: int = Field(2, ge=0, le=64)  # rollout: chunks in the rolling KV window
+    # a planted fault (tests, demos): an extra named stage of slow_stage_ms per chunk, longer
+    # by slow_stage_growth_ms at each chunk (a stage that grows)
+    slow_stage: Annotated[str, AfterValidator(_check_stage_name)] | None = None
+    slow_stage_ms: float = Field(0.0, ge=0, le=60_000)
+    slow_stage_growth_ms: float = Field(0.0, ge=0, le=1000)
 
 
 class AvWorkloadSettings(GenerationSettings):
@@ -372,30 +390,99 @@ class AvWorkloadSettings(GenerationSettings):
 
     kind: Literal["av"] = "av"
     model_path: str | None = None  # None: the built-in tiny audio-visual model
+    # a transformers class to load model_path with; None: the Qwen2.5-Omni thinker when the
+    # config has a thinker_config, else AutoModelForImageTextToText
+    model_class: str | None = None
     device: Device = "cpu"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = False
     video_fps: float = Field(2.0, gt=0, le=60)
-    max_frames: int = Field(8, ge=1, le=1024)
+    window_seconds: float = Field(4.0, gt=0, le=600)  # frames = video_fps x window_seconds
+    max_frames: int = Field(64, ge=1, le=1024)  # cap on the window's frames
     max_audio_seconds: float = Field(4.0, gt=0, le=600)
+    use_audio_in_video: bool = False  # interleave the window's audio with its video in time
     short_side: int = Field(56, ge=14, le=4096)
     max_new_tokens: int = Field(8, ge=1, le=4096)
     cache_dir: str | None = None  # built-in tiny model: default $CACHE_DIRECTORY or ~/.cache/soakd
 
 
-class PythonWorkload(_Section):
+class MatrixGameWorkloadSettings(_Section):
+    """Matrix-Game-3.5's distilled causal rollout, run from a checkout of the authors' code
+    (``repo``) with their inputs, as their ``infer_distilled.py`` takes them. The knobs left
+    unset keep the value of the authors' YAML ``config``; each one set replaces it there."""
+
+    kind: Literal["matrix_game"] = "matrix_game"
+    repo: str  # a checkout of Riemann-Dynamics/Matrix-Game-3.5
+    config: str | None = None  # their YAML; None: <repo>/configs/infer_distilled.yaml
+    checkpoint: str  # the distilled first-person .safetensors (their --checkpoint)
+    image: str  # the anchor RGB image (--image)
+    camera: str  # .npz camera trajectory: extrinsics_c2w (N,4,4) + intrinsics (--camera)
+    camera_convention: Literal["c2w", "w2c"] = "c2w"
+    prompt: str | None = None  # exactly one of prompt / caption (--prompt / --caption)
+    caption: str | None = None  # a segment caption .json
+    wan_dir: str | None = None  # None: $WAN... or <repo>/checkpoints/ as their infer.py looks
+    tokenizer_dir: str | None = None
+    da3_dir: str | None = None  # Depth-Anything-3, for memory modes with online depth
+    # the authors' knobs (distilled_config.DistilledInferenceConfig); None: the YAML's value
+    schedule: tuple[int, ...] | None = None  # denoising timesteps, e.g. [1000, 667, 333]
+    student_cfg_scale: float | None = Field(None, ge=1)
+    chunk_size: int | None = Field(None, ge=1)  # latent frames per chunk (4 RGB frames each)
+    latent_window_size: int | None = Field(None, ge=1)
+    context_chunks: int | None = Field(None, ge=0)  # rolling KV window, in chunks
+    num_blocks: int | None = Field(None, ge=1)  # blocks per episode (the rollout's length)
+    memory_mode: str | None = None  # c0_plus_generated | c0_only | gt | empty
+    height: int | None = Field(None, ge=16)  # resolution (pixels)
+    width: int | None = Field(None, ge=16)
+    device: Device = "cuda"  # where their pipeline runs (telemetry samples it; sync on CUDA)
+    workdir: str | None = None  # their input workspace and memory cache; None: a temp folder
+    response_timeout_s: Duration = Field(300.0, gt=0)  # no emit or chunk for this long = stall
+
+
+class _DeclaredDevice(_Section):
+    """A workload soakd does not build itself declares where it runs, so the run samples
+    that GPU (NVML, torch allocator) and judges its memory: ``device`` (``cuda:N``) or a
+    ``device_map`` over several GPUs. The factory sees them as ``ctx.device`` and
+    ``ctx.device_map``. Given only in ``options`` (where a factory reads its own settings),
+    they are taken from there; given in both places, they must agree."""
+
+    options: dict[str, Any] = Field(default_factory=dict)
+    device: Device = "cpu"
+    device_map: str | dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_in_options(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("options"), Mapping):
+            return data
+        data = dict(data)
+        for key in ("device", "device_map"):
+            if key not in data["options"]:
+                continue
+            given = data["options"][key]
+            if key == "device":
+                try:
+                    _check_device(str(given))
+                except ValueError as exc:
+                    raise ValueError(f"options.device: {exc}") from None
+            if key in data and data[key] != given:
+                raise ValueError(
+                    f"{key} = {data[key]!r} but options.{key} = {given!r}: say it once"
+                )
+            data[key] = given
+        return data
+
+
+class PythonWorkload(_DeclaredDevice):
     """A user's own workload: ``factory = "package.module:function"``."""
 
     kind: Literal["python"] = "python"
     factory: FactoryRef
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
-class PluginWorkload(_Section):
+class PluginWorkload(_DeclaredDevice):
     """A workload registered by another package in the ``soakd.workloads`` entry points."""
 
     kind: str
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
 BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
@@ -405,6 +492,7 @@ BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
     "session": SessionWorkloadSettings,
     "generator": GeneratorWorkloadSettings,
     "av": AvWorkloadSettings,
+    "matrix_game": MatrixGameWorkloadSettings,
     "python": PythonWorkload,
 }
 
@@ -415,6 +503,7 @@ WorkloadSettings = (
     | SessionWorkloadSettings
     | GeneratorWorkloadSettings
     | AvWorkloadSettings
+    | MatrixGameWorkloadSettings
     | PythonWorkload
     | PluginWorkload
 )
@@ -573,6 +662,10 @@ class CriteriaSettings(_Section):
     jitter_max_exceed_fraction: float = Field(0.001, ge=0, le=1)  # ... or this share, if more
     jitter_history_min_runs: int = Field(3, ge=1)
     max_errors: int = Field(0, ge=0)
+    # generators: the playback rate the generated frames must sustain (output interval p95
+    # <= 1000 / content_fps) and the longest wait for the first output; None: not judged
+    content_fps: float | None = Field(None, gt=0, le=1000)
+    max_first_output_ms: float | None = Field(None, gt=0)
     alpha: float = Field(0.01, gt=0, lt=0.5)  # significance level of the trend tests
     # k6-style "STAT(COLUMN) OP NUMBER" checks, each its own criterion (docs/verdict.md)
     thresholds: tuple[Annotated[ThresholdSettings, BeforeValidator(_threshold_item)], ...] = ()

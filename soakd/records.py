@@ -9,6 +9,7 @@ milliseconds (``*_ms``), memory in bytes (``*_bytes``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,21 @@ class Emission:
     chunk: int  # chunk number within the request
     chunk_frames: int  # frames delivered together in that chunk
     chunk_ms: float  # time the chunk took
+
+
+#: what a rollout's named stage may be called (``run.stage(name)``, ``chunk_stages.name``)
+STAGE_NAME = re.compile(r"[a-z0-9_]{1,64}")
+
+
+@dataclass(slots=True)
+class ChunkStage:
+    """One named stage of one rollout chunk (``chunk_stages`` table): ``frame_id`` is the
+    chunk's ``frames`` row, ``ms`` the stage's total time in it (a name that repeats inside
+    a chunk adds up)."""
+
+    frame_id: int
+    name: str
+    ms: float
 
 
 @dataclass(slots=True)

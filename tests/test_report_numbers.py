@@ -99,7 +99,15 @@ def test_json_report_v2_carries_summary_environment_and_config(numbers_db: Path)
     """Schema soakd.verdict/2: summary (stages, frame_age, fps, counts), environment, config."""
     doc = json.loads(render("json", *_load(numbers_db, "healthy")))
     assert doc["schema"] == "soakd.verdict/2"
-    assert set(doc["summary"]) == {"stages", "frame_age", "fps", "counts"}
+    assert set(doc["summary"]) == {
+        "stages",
+        "session",
+        "generator",
+        "chunk_stages",
+        "frame_age",
+        "fps",
+        "counts",
+    }
     infer, want = doc["summary"]["stages"]["infer"], _expect(numbers_db, "infer_ms")
     assert [infer[k] for k in ("p50", "p95", "p99")] == pytest.approx(
         [want["p50"], want["p95"], want["p99"]], rel=1e-6

@@ -210,7 +210,7 @@ def test_atomic_keeps_the_disk_full_error(db_path: Path, nested: bool) -> None:
 def test_writer_reports_disk_full_on_a_real_full_filesystem(tmp_path: Path) -> None:
     """On a real filesystem that fills up (a small tmpfs; needs root) the writer's error
     says 'disk full', not a failed ROLLBACK."""
-    with tmpfs(tmp_path / "small", "size=256k") as mnt:
+    with tmpfs(tmp_path / "small", "size=512k") as mnt:
         conn = store.connect(mnt / "soakd.db")
         make_run(conn, id="r1", status="running")
         w = store.StoreWriter(mnt / "soakd.db", "r1", flush_interval_s=0.05)

@@ -1,20 +1,27 @@
 """The CI stand-in for MOSS-VL-Realtime's realtime session, on top of soakd's tiny LM.
 
-It mirrors the authors' remote code (``modeling_moss_vl.py`` in the MOSS-VL-Realtime
-checkpoint; not copied here) call for call, so a change in soakd's session shape that breaks
-the real API fails CI:
+It mirrors the authors' remote code (``modeling_moss_vl.py`` in the MOSS-VL-Realtime-0708
+checkpoint, as stored by ``Joiin0392/moss-npu-adaptations``; not copied here; docs/upstream.md
+names the version and its sha256) call for call, so a change in soakd's session shape that
+breaks the real API fails CI (``bench/upstream_check.py --moss`` compares these signatures
+with the real file, ``ast``, no import):
 
 * ``ScriptedModel.create_realtime_session`` mirrors
   ``MossVLForConditionalGeneration.create_realtime_session(processor, *, initial_prompt="",
   system_prompt=None, frame_queue_size=256, max_tokens_per_turn=86400, **generate_kwargs)``;
-* ``ScriptedSession`` mirrors ``MossVLRealtimeSession``: ``start()``, ``active``,
-  ``pending_frames`` (``_frame_queue.qsize()``), ``push_frame(image, timestamp=None, *,
-  drop_oldest=True) -> bool`` (True: the oldest queued frame was dropped, taken with
-  ``get_nowait()`` on the pushing thread), ``push_prompt(prompt)``, ``poll_output(timeout=0.0)``
-  (raises once the generation thread has died), ``close(timeout=5.0)`` (``TimeoutError``, or
-  re-raises the generation thread's failure ``from`` it);
-* its generation thread mirrors ``MossVLForConditionalGeneration._real_time_sample`` and
-  ``_update_model_kwargs_for_real_time_generation``: one output chunk per step, each step
+* ``ScriptedSession`` mirrors ``MossVLRealtimeSession``: ``start()`` (refused while the model's
+  ``continue_generating`` is set: one realtime loop per model), ``active``, ``pending_frames``
+  (``_frame_queue.qsize()``), ``push_frame(image, timestamp=None, *, drop_oldest=True) ->
+  bool`` (starts the session if needed; no timestamp: seconds since ``start()``; True: the
+  oldest queued frame was dropped, taken with ``get_nowait()`` on the pushing thread),
+  ``push_prompt(prompt)``, ``poll_output(timeout=0.0)`` (starts the session if needed; raises
+  once the generation thread has died), ``close(timeout=5.0)`` (``stop_real_time_generate()``
+  on the model, then ``TimeoutError``, or re-raises the generation thread's failure ``from``
+  it);
+* its generation thread mirrors ``MossVLRealtimeSession._run`` (``start_real_time_generate()``,
+  then the loop, then ``stop_real_time_generate()``),
+  ``MossVLForConditionalGeneration._real_time_sample`` (loops while ``continue_generating``)
+  and ``_update_model_kwargs_for_real_time_generation``: one output chunk per step, each step
   paced to at most ``max_tokens_per_turn`` steps per second (a rate cap), then every queued
   frame and prompt is drained with ``get_nowait()``; a drained prompt is answered
   ``<|round_start|>`` first. Where upstream busy-waits after ``<|silence|>`` with nothing
@@ -87,6 +94,7 @@ class ScriptedSession:
         self._done = threading.Event()
         self._closed = threading.Event()
         self._error: BaseException | None = None
+        self._started_at: float | None = None
         self._last_timestamp: float | None = None
         self.pushes = 0
         self.drained = 0  # frames taken by the generation thread
@@ -105,9 +113,13 @@ class ScriptedSession:
     def start(self) -> ScriptedSession:
         if self._closed.is_set():
             raise RuntimeError("Cannot start a closed realtime session")
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="test-session", daemon=True)
-            self._thread.start()
+        if self._thread is not None:
+            return self
+        if self.model.continue_generating:
+            raise RuntimeError("This model already has an active realtime generation loop")
+        self._started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="test-session", daemon=True)
+        self._thread.start()
         return self
 
     def push_frame(
@@ -117,9 +129,10 @@ class ScriptedSession:
             raise RuntimeError("Realtime session is closed")
         if image is None:
             raise ValueError("image must not be None")
-        if self._thread is None:
+        if self._started_at is None:
             self.start()
-        ts = float(time.monotonic() if timestamp is None else timestamp)
+        assert self._started_at is not None
+        ts = float(time.monotonic() - self._started_at if timestamp is None else timestamp)
         if self._last_timestamp is not None and ts < self._last_timestamp:
             raise ValueError(f"Frame timestamps must be non-decreasing: {ts}")
         self._last_timestamp = ts
@@ -153,6 +166,8 @@ class ScriptedSession:
     def poll_output(self, timeout: float = 0.0) -> str | None:
         if timeout < 0:
             raise ValueError("timeout must be non-negative")
+        if self._thread is None:
+            self.start()
         try:
             if timeout == 0:
                 return self._output_queue.get_nowait()
@@ -167,10 +182,11 @@ class ScriptedSession:
 
     def close(self, timeout: float | None = 5.0) -> None:
         self._closed.set()
-        self.model.gate.set()
         if self._thread is None:
             self._done.set()
             return
+        self.model.stop_real_time_generate()
+        self.model.gate.set()
         self._thread.join(timeout=timeout)
         if self._thread.is_alive():
             raise TimeoutError("Realtime generation did not stop before the timeout")
@@ -182,7 +198,11 @@ class ScriptedSession:
             while not self._pushed_enough.wait(0.05):
                 if self._closed.is_set():
                     return
-            self._sample()
+            self.model.start_real_time_generate()
+            try:
+                self._sample()
+            finally:
+                self.model.stop_real_time_generate()
         except BaseException as exc:
             self._error = exc
         finally:
@@ -190,7 +210,7 @@ class ScriptedSession:
 
     def _sample(self) -> None:
         m, answers = self.model, deque[str]()
-        while not self._closed.is_set():
+        while m.continue_generating and not self._closed.is_set():
             m.gate.wait()
             t_step = time.monotonic()
             if answers:
@@ -277,6 +297,14 @@ class ScriptedModel:
         self.gate = threading.Event()
         self.gate.set()
         self.sessions: list[ScriptedSession] = []
+        # ``MossVLForConditionalGeneration.continue_generating``: the realtime loop's flag
+        self.continue_generating = False
+
+    def start_real_time_generate(self) -> None:
+        self.continue_generating = True
+
+    def stop_real_time_generate(self) -> None:
+        self.continue_generating = False
 
     def create_realtime_session(
         self,

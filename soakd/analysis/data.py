@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from soakd.analysis.model import RunData, RunMeta
+from soakd.analysis.model import GENERATOR_SHAPES, RunData, RunMeta
 from soakd.store import rundata as q
+from soakd.store.chunk_stages import load_stage_columns
 from soakd.store.gpu_samples import load_gpu_columns
 from soakd.store.runs import RunRow, get_run
 
@@ -34,9 +35,10 @@ def make_run_data(
     emissions: dict[str, Any] | None = None,
     events: list[dict[str, Any]] | None = None,
     error_messages: list[tuple[str, int]] | None = None,
+    stages: dict[str, Any] | None = None,
 ) -> RunData:
     """Build RunData from plain arrays; missing frame/sample columns are NaN (flags 0),
-    ``frame_id`` defaults to 0..n-1."""
+    ``frame_id`` defaults to 0..n-1; ``stages``: named chunk stages, one value per frame."""
     frames = dict(frames or {})
     n = len(np.asarray(frames.get("t_capture", _EMPTY)))
     fcols: dict[str, np.ndarray] = {}
@@ -65,9 +67,11 @@ def make_run_data(
     counts: dict[str, int] = {}
     for e in evs:
         counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+    named = {k: np.asarray(v, dtype=np.float64) for k, v in (stages or {}).items()}
     return RunData(
-        meta or RunMeta("test"), fcols, scols, ecols, evs, counts, list(error_messages or [])
-    )
+        meta or RunMeta("test"), fcols, scols, ecols, evs, counts, list(error_messages or []),
+        stages=named,
+    )  # fmt: skip
 
 
 def _meta_from_row(row: RunRow) -> RunMeta:
@@ -78,7 +82,7 @@ def _meta_from_row(row: RunRow) -> RunMeta:
     warm = run.get("warmup_s") if isinstance(run, dict) else None
     kind = row.workload_kind or (wl.get("kind") if wl else None)
     shape = row.workload.get("shape")
-    if shape not in ("staged", "session", "generator"):  # runs stored before "shape" was
+    if shape not in ("staged", "session", *GENERATOR_SHAPES):  # runs before "shape" was
         shape = kind if kind in ("session", "generator") else "staged"
     return RunMeta(
         run_id=str(row.id),
@@ -113,7 +117,7 @@ def use_bounded(meta: RunMeta, frames: int, samples: int) -> bool:
     covers (one stream, not a generator: those are always loaded whole)."""
     streams = meta.setting("run", "streams")
     one_stream = not isinstance(streams, int) or streams <= 1
-    return frames + samples > BOUNDED_ROWS and meta.shape != "generator" and one_stream
+    return frames + samples > BOUNDED_ROWS and not meta.generates and one_stream
 
 
 class StoreSource:
@@ -123,16 +127,20 @@ class StoreSource:
     def __init__(self, conn: sqlite3.Connection, run_id: str) -> None:
         self.conn, self.run_id = conn, run_id
 
-    def measured_chunks(self, t0: float, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
-        return q.measured_chunks(self.conn, self.run_id, t0, names)
+    def frame_chunks(self, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        return q.frame_chunks(self.conn, self.run_id, names)
 
-    def frame_groups(
-        self, t0: float, width: float, nwin: int, session: bool
-    ) -> dict[str, np.ndarray]:
-        return q.frame_groups(self.conn, self.run_id, t0, width, nwin, session)
+    def first_post_id(self, t0: float) -> float | None:
+        return q.first_post_id(self.conn, self.run_id, t0)
 
-    def first_dispatched(self, names: Sequence[str]) -> dict[str, float] | None:
-        return q.first_dispatched(self.conn, self.run_id, names)
+    def measured_matching(
+        self,
+        t0: float,
+        names: Sequence[str],
+        ranges: Sequence[tuple[str, float, float]],
+        over: tuple[str, float] | None,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        return q.measured_matching(self.conn, self.run_id, t0, names, ranges, over)
 
     def measured_over(
         self, t0: float, column: str, cut: float, limit: int
@@ -159,12 +167,13 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
     samples in the store: ``RunData.source`` reads them while it is judged."""
     meta = _meta_from_row(get_run(conn, run_id))
     if bounded is None:
-        bounded = use_bounded(meta, *q.count_rows(conn, run_id))
+        bounded = use_bounded(meta, *q.count_rows(conn, run_id, BOUNDED_ROWS + 1))
     if bounded:
         return _bounded_run_data(conn, run_id, meta)
     extra = {
         "session": ("output_latency_ms", "session_dropped", "consume_ms", "consume_output_ms"),
         "generator": ("first_emit_ms",),
+        "rollout": ("first_emit_ms",),
     }
     frames = q.load_frame_columns(conn, run_id, extra.get(meta.shape, ()))
     samples = q.load_sample_columns(conn, run_id)
@@ -172,7 +181,8 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
     events, counts = q.load_events(conn, run_id)
     errors = q.load_error_messages(conn, run_id)
     gpus = load_gpu_columns(conn, run_id)  # per GPU, when the run sampled several
-    return RunData(meta, frames, samples, emissions, events, counts, errors, gpus)
+    stages = load_stage_columns(conn, run_id, frames["frame_id"])  # a rollout's named stages
+    return RunData(meta, frames, samples, emissions, events, counts, errors, gpus, stages=stages)
 
 
 def _bounded_run_data(conn: sqlite3.Connection, run_id: str, meta: RunMeta) -> RunData:

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from soakd.analysis import stats
+from soakd.analysis import chunks, stats
 from soakd.analysis.model import FAIL, MIB, PASS, RunData, Verdict, age_window_s
 from soakd.config import CriteriaSettings
 from soakd.records import STAGE_COLUMNS
@@ -35,22 +35,65 @@ def stage_growth(
     10 % of its median."""
     out: dict[str, tuple[bool, float, float]] = {}
     t = data.frames["t_capture"][measured]
-    span_min = max(t1 - t0, 0.0) / 60
     for col in (*STAGE_COLUMNS, "queue_len", "frame_age_ms"):
-        y = data.frame(col)[measured]
-        ok = np.isfinite(y)
-        if ok.sum() < 3:
-            continue
-        win = stats.window_reduce(t[ok], y[ok], window_s, t0=t0, t1=t1)
-        has = win.nonempty()
-        tr = stats.trend(win.t[has], win.median[has], alpha)
-        med = float(np.median(y[ok]))
-        slope = tr.slope * 60
-        rise = slope * span_min
-        floor = 0.5 if col == "queue_len" else max(1.0, 0.1 * med)
-        grew = tr.p < alpha and tr.z > 0 and rise > floor
-        out[col] = (grew, slope, med)
+        got = series_growth(t, data.frame(col)[measured], (t0, t1, window_s), alpha, col)
+        if got is not None:
+            out[col] = got
     return out
+
+
+def series_growth(
+    t: np.ndarray, y: np.ndarray, win_of: tuple[float, float, float], alpha: float, col: str
+) -> tuple[bool, float, float] | None:
+    """(grew, slope in ms/min, median) of one series over ``win_of`` = (t0, t1, window s),
+    by stage_growth's rule; None with fewer than 3 values."""
+    t0, t1, window_s = win_of
+    ok = np.isfinite(y)
+    if ok.sum() < 3:
+        return None
+    win = stats.window_reduce(t[ok], y[ok], window_s, t0=t0, t1=t1)
+    has = win.nonempty()
+    tr = stats.trend(win.t[has], win.median[has], alpha)
+    med = float(np.median(y[ok]))
+    slope = tr.slope * 60
+    rise = slope * max(t1 - t0, 0.0) / 60
+    floor = 0.5 if col == "queue_len" else max(1.0, 0.1 * med)
+    return tr.p < alpha and tr.z > 0 and rise > floor, slope, med
+
+
+def _named_stage_hints(
+    data: RunData,
+    verdict: Verdict,
+    measured: np.ndarray,
+    win_of: tuple[float, float, float],
+    alpha: float,
+) -> list[str]:
+    """A rollout's named stages: each one that grew over the run, and the one that takes
+    most of a chunk (named as where to look when playback or the first output failed)."""
+    hints = []
+    t = data.frames["t_capture"][measured]
+    for name, col in data.stages.items():
+        got = series_growth(t, col[measured], win_of, alpha, name)
+        if got is not None and got[0]:
+            hints.append(
+                f"stage {name} rose {got[1]:.3g} ms/min (median {got[2]:.3g} ms per chunk): "
+                "it grows with the rollout (a growing memory bank, KV window or cache)"
+            )
+    top = chunks.dominant_stage(data, measured)
+    if top is not None:
+        name, share, med = top
+        chunk = float(np.nanmedian(data.frame("total_ms")[measured]))
+        failed = [
+            c.criterion
+            for c in verdict.criteria
+            if c.criterion in ("content_fps", "first_output", "jitter") and c.status == FAIL
+        ]
+        why = f"; {', '.join(failed)} failed: shorten {name} first" if failed else ""
+        hints.append(
+            f"stage {name} dominates the chunk: {share:.0%} of it (median {med:.3g} ms of "
+            f"{chunk:.3g} ms){why}"
+        )
+    return hints
 
 
 def recommended_fps(median_total_ms: float) -> tuple[float, float] | None:
@@ -70,8 +113,10 @@ def diagnose(data: RunData, verdict: Verdict, crit: CriteriaSettings) -> list[st
     hints += _loss_hints(data, verdict)
     if measured.sum() < 3:
         return hints
-    g = stage_growth(data, measured, t0, t1, age_window_s(t1 - t0, data.meta.fps), crit.alpha)
+    w = age_window_s(t1 - t0, data.meta.fps)
+    g = stage_growth(data, measured, t0, t1, w, crit.alpha)
     hints += _stage_hints(g)
+    hints += _named_stage_hints(data, verdict, measured, (t0, t1, w), crit.alpha)
     hints += _rate_hints(data, g, verdict)
     hints += _jitter_hints(data, verdict, g)
     hints += _memory_hints(data, verdict, g)

@@ -71,6 +71,10 @@ def jitter_allowed(crit: Any, n: int) -> int:
 
 # --------------------------------------------------------------------------- run data
 
+#: the workload shapes that generate frames (``emissions``): one request per paced frame,
+#: or one long rollout with a chunk per paced condition
+GENERATOR_SHAPES: tuple[str, ...] = ("generator", "rollout")
+
 
 @dataclass(slots=True)
 class RunMeta:
@@ -83,7 +87,7 @@ class RunMeta:
     duration_s: float | None = None
     fps: float | None = None
     workload_kind: str | None = None
-    shape: str = "staged"  # staged | session | generator: the workload's calling convention
+    shape: str = "staged"  # staged | session | generator | rollout: the calling convention
     device: str | None = None  # workload.device from the config ("cpu", "cuda:0", ...)
     host: str | None = None
     config_hash: str = ""
@@ -103,6 +107,11 @@ class RunMeta:
     @property
     def is_cuda(self) -> bool:
         return bool(self.device) and str(self.device).startswith("cuda")
+
+    @property
+    def generates(self) -> bool:
+        """A frame generator (per request or a rollout): judged on its output intervals."""
+        return self.shape in GENERATOR_SHAPES
 
     def counter(self, key: str) -> float | None:
         """A finite, non-negative number from the summary, or None when unknown."""
@@ -149,6 +158,9 @@ class RunData:
     #: a run too long to load (soakd.analysis.data.BOUNDED_ROWS): ``frames`` and ``samples``
     #: are empty and ``judge`` streams the rows from here (soakd.analysis.digest.RowSource)
     source: Any = None
+    #: a rollout's named chunk stages (``chunk_stages``): name -> ms per frames row (NaN
+    #: where the chunk has no such stage), in order of first appearance; empty otherwise
+    stages: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_frames(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import devices, stats
+from soakd.analysis.chunks import judge_generator
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.digest import FrameDigest, digest_run
 from soakd.analysis.losses import count_losses
@@ -362,14 +363,16 @@ def judge_drops(ctx: _Ctx) -> CriterionResult:
 
 def _generator_intervals(d: RunData, t0: float) -> tuple[np.ndarray, np.ndarray]:
     """Chunk-to-chunk intervals of a generator run: the first emission of each chunk that
-    is not the first of its request, post-warm-up."""
+    is not the first of its request (of a rollout: every chunk but the run's first),
+    post-warm-up."""
     e = d.emissions
     if len(e["t_emit"]) == 0:
         return np.empty(0), np.empty(0)
     fid, chunk, idx = e["frame_id"], e["chunk"], e["idx"]
     new_chunk = np.ones(len(fid), dtype=bool)
     new_chunk[1:] = (fid[1:] != fid[:-1]) | (chunk[1:] != chunk[:-1])
-    keep = new_chunk & (idx > 0) & (e["t_emit"] >= t0) & np.isfinite(e["interval_ms"])
+    later = (idx > 0) | (d.meta.shape == "rollout")  # a rollout's intervals span its chunks
+    keep = new_chunk & later & (e["t_emit"] >= t0) & np.isfinite(e["interval_ms"])
     return e["t_emit"][keep], e["interval_ms"][keep]
 
 
@@ -377,7 +380,7 @@ def _age_series(ctx: _Ctx) -> tuple[str, str, str, np.ndarray, np.ndarray]:
     """(criterion, title, what, t, y) of the age criterion: frame age on the dispatch axis,
     or a generator's output intervals."""
     d = ctx.data
-    if d.meta.shape == "generator":
+    if d.meta.generates:
         t, y = _generator_intervals(d, ctx.t0)
         return "interval", "Stable output interval", "interval growth", t, y
     # on the dispatch axis: a backlog's frames are dispatched (and aged) late
@@ -479,7 +482,7 @@ def _age_outcome(
 
 def judge_frame_age(ctx: _Ctx) -> CriterionResult:
     d, c, dg = ctx.data, ctx.crit, ctx.digest
-    generator = d.meta.shape == "generator"
+    generator = d.meta.generates
     thr = c.max_age_slope_ms_per_min
     if dg:
         return _age_streamed(ctx, dg)
@@ -528,7 +531,7 @@ def age_result(
     rate: float | None,
 ) -> CriterionResult:
     """The age criterion from its windows and (median, p95, max) of its values."""
-    c, generator = ctx.crit, ctx.data.meta.shape == "generator"
+    c, generator = ctx.crit, ctx.data.meta.generates
     name, title, what = words
     thr = c.max_age_slope_ms_per_min
     ctx.series[name] = win
@@ -850,16 +853,19 @@ def judge_oom(ctx: _Ctx) -> CriterionResult:
 
 
 def _jitter_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
-    """(column, values, frame ids, times) the jitter criterion judges."""
+    """(column, values, frame ids, times) the jitter criterion judges: a rollout's chunk
+    times (each chunk is a row), else infer or output latency, else a generator's
+    intervals."""
     d = ctx.data
     ok = ctx.measured & (d.frame("has_error") == 0)
-    for col in ("infer_ms", "output_latency_ms"):
+    cols = ("total_ms",) if d.meta.shape == "rollout" else ("infer_ms", "output_latency_ms")
+    for col in cols:
         y = d.frame(col)[ok]
         if np.isfinite(y).any():
             keep = np.isfinite(y)
             fid = d.frames["frame_id"][ok][keep]
             return col, y[keep], fid, d.frames["t_capture"][ok][keep]
-    if d.meta.shape == "generator":
+    if d.meta.generates:
         t, iv = _generator_intervals(d, ctx.t0)
         if iv.size:
             return "interval_ms", iv, np.arange(iv.size, dtype=np.float64), t
@@ -942,7 +948,7 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
     regular positions; ``"max"``: FAIL when the max alone exceeds it (the seed's rule)."""
     d, c = ctx.data, ctx.crit
     k, k_note = resolve_jitter_k(c, history)
-    title = "Infer jitter"
+    title = "Chunk time jitter" if d.meta.shape == "rollout" else "Infer jitter"
     dg = ctx.digest
     src = None if dg else _jitter_source(ctx)
     if (dg.jitter is None) if dg else (src is None):
@@ -1063,6 +1069,7 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
         *judge_gpu_devices(ctx),
         judge_jitter(ctx, history),
         judge_errors(ctx),
+        *judge_generator(data, criteria, t0, t1),
         *thresholds,
     ]
     status, code, reason = _overall(results, ended_by_threshold(data, thresholds))

@@ -32,6 +32,7 @@ from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
 from soakd.report.console import format_streams_table
 from soakd.store import queries, runs
+from soakd.store.chunk_stages import chunk_stage_stats
 from soakd.store.rundata import load_verdict_rows
 
 RUNS_FORMAT_HELP = "table (people) or json (one JSON object a line)."
@@ -131,17 +132,48 @@ def show_cmd(
             rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
             run = runs.get_run(conn, rid).as_dict()
             stages = queries.stage_stats(conn, rid)
+            chunk_stages = chunk_stage_stats(conn, rid)  # a rollout's named stages
             evs = queries.events(conn, rid, SHOW_EVENTS)
             peak_rss = queries.peak(conn, rid, "rss_bytes")
             streams = stored_streams(load_verdict_rows(conn, rid))  # run.streams > 1 only
         except SoakdError as exc:
             raise error(str(exc), exc.exit_code) from None
     if as_json or fmt == "json":
-        doc = {"run": run, "stages": stages, "events": evs[:50], "streams": streams}
+        doc = {
+            "run": run,
+            "stages": stages,
+            "chunk_stages": chunk_stages,
+            "events": evs[:50],
+            "streams": streams,
+        }
         write_output(json.dumps(doc, default=str, indent=2), output)
         return
     shown = _show_text(run, stages, evs, peak_rss)
+    shown[1:1] = _generator_lines(run.get("summary") or {}, chunk_stages)
     print_rich([*shown, format_streams_table(streams)] if streams else shown, output)
+
+
+def _ms(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, int | float) else "-"
+
+
+def _generator_lines(s: dict[str, Any], chunk_stages: dict[str, Any]) -> list[str]:
+    """A generator run's first output and output intervals (the run summary's), and a
+    rollout's named chunk stages (ms over the measured chunks)."""
+    iv = s.get("interval_ms")
+    out = []
+    if isinstance(iv, dict):
+        out.append(
+            f"first output {_ms(s.get('first_output_ms'))} ms, output interval ms "
+            f"p50 {_ms(iv.get('p50'))} p95 {_ms(iv.get('p95'))} p99 {_ms(iv.get('p99'))} "
+            f"max {_ms(iv.get('max'))} ({iv.get('n', 0)} frames)"
+        )
+    out += [
+        f"chunk stage {name}: p50 {_ms(d['p50'])} p95 {_ms(d['p95'])} p99 {_ms(d['p99'])} "
+        f"max {_ms(d['max'])} ms ({d['n']} chunks)"
+        for name, d in chunk_stages.items()
+    ]
+    return out
 
 
 def _show_text(

@@ -2,7 +2,8 @@
 then time-aligned panels drawn as inline SVG (no script, no CDN, no web font).
 
 Panels share one time axis (seconds since the run's start) with the warm-up shaded:
-stage latencies, frame age (or the generator's output interval), drop rate, process RSS,
+stage latencies, a rollout's named chunk stages (a panel each), frame age (or the
+generator's output interval), drop rate, process RSS,
 GPU memory and GPU utilisation. Memory panels draw the window floors the verdict judged,
 their Theil–Sen trend line and the tolerance line (the steepest allowed growth); error and
 OOM events are vertical markers.
@@ -177,6 +178,25 @@ class _Panels:
             series.append(Series("infer max", w.t[has], w.max[has], dash="3 2", width=1.0))
         return self.chart(series, "stages", "Stage latencies (window medians)", "ms")
 
+    def chunk_stages(self) -> list[str]:
+        """A rollout's named chunk stages, a panel each: window medians and maxima."""
+        if self.bounded:
+            return []
+        t = self.data.frames["t_capture"]
+        out = []
+        for name, y in self.data.stages.items():
+            w = stats.window_reduce(t, y, self.pw, t0=0.0)
+            has = w.nonempty()
+            if not has.any():
+                continue
+            series = [
+                Series("window median", w.t[has], w.median[has]),
+                Series("window max", w.t[has], w.max[has], dash="3 2", width=1.0),
+            ]
+            title = f"Chunk stage {name} (ms per chunk)"
+            out.append(self.chart(series, f"stage-{name}", title, "ms"))
+        return out
+
     def age(self) -> str:
         v, c = self.v, self.v.get("interval") or self.v.get("frame_age")
         name = c.criterion if c else "frame_age"
@@ -318,6 +338,7 @@ def render_html(data: RunData, verdict: Verdict) -> str:
     notes += "".join(f"<li>hint: {escape(h)}</li>" for h in verdict.hints)
     panels = [
         p.stages(),
+        *p.chunk_stages(),
         p.age(),
         p.drops(),
         p.memory((("memory_rss", "rss_bytes"),), "rss", "Process RSS (MB): floors, trend"),

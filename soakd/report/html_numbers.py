@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from html import escape
 
+from soakd.report.markdown import tail_words
 from soakd.report.summary import RunSummary
 
 
@@ -32,6 +33,35 @@ def _stage_rows(s: RunSummary) -> str:
     return "".join(rows)
 
 
+def _generator_html(s: RunSummary) -> str:
+    """A generator run's first output, output intervals and their tail, and a rollout's
+    named chunk stages table."""
+    g = s.generator
+    if not g:
+        return ""
+    iv = g["interval"]
+    out = (
+        f'<p class="note" id="generator"><b>First output:</b> '
+        f"{_ms(g.get('first_output_ms'))} ms; <b>output interval</b> (ms, {iv.n} frames): "
+        f"p50 {_ms(iv.p50)}, p95 {_ms(iv.p95)}, p99 {_ms(iv.p99)}, max {_ms(iv.max)}</p>"
+    )
+    if g.get("tail"):
+        words = escape(tail_words(g["tail"]))
+        out += f'<p class="note" id="interval-tail"><b>Interval tail:</b> {words}</p>'
+    if s.chunk_stages:
+        rows = "".join(
+            f'<tr data-chunk-stage="{escape(name)}"><td>{escape(name)}</td><td>{d.n}</td>'
+            + "".join(f"<td>{_ms(v)}</td>" for v in (d.p50, d.p95, d.p99, d.max))
+            + "</tr>"
+            for name, d in s.chunk_stages.items()
+        )
+        out += (
+            '<table id="chunk-stages"><tr><th>chunk stage</th><th>n</th><th>p50 ms</th>'
+            f"<th>p95 ms</th><th>p99 ms</th><th>max ms</th></tr>{rows}</table>"
+        )
+    return out
+
+
 def numbers_html(s: RunSummary) -> str:
     """``<h2>Numbers</h2>`` and what follows it, as one HTML fragment."""
     c = s.counts
@@ -45,7 +75,7 @@ def numbers_html(s: RunSummary) -> str:
     return (
         '<h2 id="numbers">Numbers</h2><table id="stages"><tr><th>stage</th><th>n</th>'
         "<th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>max ms</th><th>first ms</th></tr>"
-        f"{_stage_rows(s)}</table>"
+        f"{_stage_rows(s)}</table>{_generator_html(s)}"
         f'<p class="note" id="fps"><b>fps:</b> {fps}</p>'
         f'<p class="note" id="counts"><b>Counts:</b> {counts}</p>'
         f'<p class="note" id="environment"><b>Environment:</b> '

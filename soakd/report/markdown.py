@@ -61,6 +61,7 @@ def numbers_section(s: RunSummary) -> list[str]:
         )
     ach, tgt = s.fps.get("achieved"), s.fps.get("target")
     c = s.counts
+    lines += generator_lines(s)
     lines += questions_lines(s.questions)
     lines += [
         "",
@@ -79,6 +80,43 @@ def numbers_section(s: RunSummary) -> list[str]:
         "</details>",
     ]
     return lines
+
+
+def generator_lines(s: RunSummary) -> list[str]:
+    """A generator run's first output, output intervals, where their tail falls, and a
+    rollout's named chunk stages (p50/p95/p99/max ms each)."""
+    g = s.generator
+    if not g:
+        return []
+    iv = g["interval"]
+    lines = [
+        "",
+        f"**First output:** {_ms(g.get('first_output_ms'))} ms; **output interval** "
+        f"(ms, {iv.n} frames): p50 {_ms(iv.p50)}, p95 {_ms(iv.p95)}, p99 {_ms(iv.p99)}, "
+        f"max {_ms(iv.max)}",
+    ]
+    if g.get("tail"):
+        lines += ["", f"**Interval tail:** {tail_words(g['tail'])}"]
+    if s.chunk_stages:
+        lines += ["", "| chunk stage | n | p50 ms | p95 ms | p99 ms | max ms |"]
+        lines.append("|---|---:|---:|---:|---:|---:|")
+        for name, d in s.chunk_stages.items():
+            lines.append(
+                f"| {md_cell(name)} | {d.n} | {_ms(d.p50)} | {_ms(d.p95)} | {_ms(d.p99)} | "
+                f"{_ms(d.max)} |"
+            )
+    return lines
+
+
+def tail_words(tail: dict[str, Any]) -> str:
+    """``7 intervals >= 33.1 ms (p95); by emit in the chunk (0 = first): 0 x7; in 3 chunks,
+    most in #12 x3`` (chunks by frame id)."""
+    pos = ", ".join(f"{p} x{n}" for p, n in tail["tail_by_position"].items())
+    top = ", ".join(f"#{fid} x{n}" for fid, n in tail["tail_top_chunks"])
+    return (
+        f"{tail['tail_intervals']} intervals >= {tail['tail_cut_ms']:.4g} ms (p95); by emit "
+        f"in the chunk (0 = first): {pos}; in {tail['tail_chunks']} chunks, most in {top}"
+    )
 
 
 def questions_lines(questions: list[dict[str, Any]]) -> list[str]:
@@ -114,7 +152,9 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
     m = data.meta
     dur = f"{m.duration_s:.0f} s" if m.duration_s is not None else "?"
     n, each = stream_count(data), m.setting("run", "fps")
-    rate = f" at {n} streams x {each:g} fps" if n > 1 and each else f" at {m.fps:g} fps"
+    rate = f" at {m.fps:g} fps" if m.fps else ""  # None: a run that crashed before its row
+    if n > 1 and each:
+        rate = f" at {n} streams x {each:g} fps"
     lines = [
         f"## soakd verdict: {BADGE.get(verdict.status, verdict.status)}",
         "",

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis import chunks
 from soakd.analysis.model import RunData, Verdict
 from soakd.records import STAGE_COLUMNS
 
@@ -72,6 +73,11 @@ class RunSummary:
     # the frame), "consume to output" (take -> its first output after); empty otherwise
     session: dict[str, Dist] = field(default_factory=dict)
     questions: list[dict[str, Any]] = field(default_factory=list)  # session_questions
+    # generator runs: "first_output_ms", "interval" (a Dist of the output intervals) and
+    # "tail" (where the intervals at or above their p95 fall, by emit position and chunk);
+    # empty otherwise
+    generator: dict[str, Any] = field(default_factory=dict)
+    chunk_stages: dict[str, Dist] = field(default_factory=dict)  # a rollout's named stages
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON report's ``summary`` object (environment and config stand apart)."""
@@ -80,6 +86,10 @@ class RunSummary:
                 k: {**d.as_dict(), "first": self.first_ms.get(k)} for k, d in self.stages.items()
             },
             "session": {k: d.as_dict() for k, d in self.session.items()},
+            "generator": {
+                k: v.as_dict() if isinstance(v, Dist) else v for k, v in self.generator.items()
+            },
+            "chunk_stages": {k: d.as_dict() for k, d in self.chunk_stages.items()},
             "frame_age": self.frame_age.as_dict(),
             "fps": dict(self.fps),
             "counts": dict(self.counts),
@@ -160,6 +170,18 @@ def _session(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
     return {k: d for k, d in out.items() if d.n}
 
 
+def _generator(data: RunData, t0: float) -> dict[str, Any]:
+    """A generator run's first output, output intervals and their tail (see chunks.py)."""
+    if not data.meta.generates:
+        return {}
+    iv = chunks.output_intervals(data, t0)
+    d = Dist.of(iv.ms)
+    out: dict[str, Any] = {"first_output_ms": chunks.first_output_ms(data), "interval": d}
+    if d.p95 is not None:
+        out["tail"] = chunks.interval_tail(iv, d.p95)
+    return out
+
+
 def summarize(data: RunData, verdict: Verdict) -> RunSummary:
     """The run's numbers over the verdict's measured window."""
     if verdict.frame_summary is not None:
@@ -179,4 +201,6 @@ def summarize(data: RunData, verdict: Verdict) -> RunSummary:
         config=dict(data.meta.config),
         session=_session(data, measured),
         questions=list(data.meta.summary.get("session_questions") or []),
+        generator=_generator(data, float(verdict.window.get("t0", 0.0))),
+        chunk_stages={name: Dist.of(col[measured]) for name, col in data.stages.items()},
     )

@@ -29,7 +29,7 @@ from soakd.environment import GpuUnavailable
 from soakd.environment import collect as collect_environment
 from soakd.errors import SoakdError, UsageError
 from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResult
-from soakd.records import STAGES, Emission, Event, FrameRecord, Sample
+from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Sample
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
@@ -197,7 +197,7 @@ class Run:
                 self.stop.set()
 
     # --- record plumbing (driver and sampler threads)
-    def _emit(self, rec: FrameRecord | Emission) -> None:
+    def _emit(self, rec: FrameRecord | Emission | ChunkStage) -> None:
         self.writer.put(rec)
         if type(rec) is FrameRecord:
             self._rolling.add(rec)
@@ -255,6 +255,8 @@ class Run:
             fps=s.run.fps,
             audio_rate=s.audio.sample_rate if s.audio.kind != "none" else None,
             cache_dir=getattr(s.workload, "cache_dir", None),
+            device=getattr(s.workload, "device", None) or "cpu",
+            device_map=getattr(s.workload, "device_map", None),
             extend_timeout=lambda sec: self.obs.on_loading("loading workload", sec),
             phase=self.obs.on_phase,
             log=self.log,
@@ -272,10 +274,10 @@ class Run:
             raise UsageError(
                 f"workload {s.workload.kind!r}: setup failed: {type(exc).__name__}: {exc}"
             ) from None
-        if getattr(wl, "shape", None) not in ("staged", "session", "generator"):
+        if getattr(wl, "shape", None) not in ("staged", "session", "generator", "rollout"):
             raise UsageError(
                 f"workload {s.workload.kind!r}: object has no valid 'shape' "
-                "(expected 'staged', 'session' or 'generator')"
+                "(expected 'staged', 'session', 'generator' or 'rollout')"
             )
         if self.n_streams > 1 and wl.shape != "staged":
             with contextlib.suppress(Exception):

@@ -30,7 +30,16 @@ from urllib.parse import quote
 
 import structlog
 
-from soakd.records import SAMPLE_FIELDS, DeviceSample, Emission, Event, FrameRecord, Sample
+from soakd.records import (
+    SAMPLE_FIELDS,
+    ChunkStage,
+    DeviceSample,
+    Emission,
+    Event,
+    FrameRecord,
+    Sample,
+)
+from soakd.store.chunk_stages import CHUNK_STAGE_COLUMNS, chunk_stage_row
 from soakd.store.gpu_samples import GPU_SAMPLE_COLUMNS, gpu_sample_row
 from soakd.store.runs import mark_orphaned_runs
 from soakd.store.schema import (
@@ -333,6 +342,7 @@ _TABLES: dict[type, tuple[str, tuple[str, ...]]] = {
     Emission: ("emissions", tuple(EMISSION_COLUMNS)),
     Event: ("events", tuple(EVENT_COLUMNS)),
     DeviceSample: ("gpu_samples", GPU_SAMPLE_COLUMNS),
+    ChunkStage: ("chunk_stages", CHUNK_STAGE_COLUMNS),
 }
 
 
@@ -367,18 +377,21 @@ _ROW: dict[type, Callable[[str, Any], tuple[Any, ...]]] = {
     Emission: emission_row,
     Event: event_row,
     DeviceSample: gpu_sample_row,
+    ChunkStage: chunk_stage_row,
 }
 
 
 # when the pending rows reach their bound during a lock, these go first (oldest first):
-# telemetry, then emissions, then frames; events (a few per run, each one telling) never
-_DROP_ORDER: tuple[type, ...] = (DeviceSample, Sample, Emission, FrameRecord)
+# telemetry, then emissions, then chunk stages, then frames; events (a few per run, each one
+# telling) never
+_DROP_ORDER: tuple[type, ...] = (DeviceSample, Sample, Emission, ChunkStage, FrameRecord)
 _KIND = {
     FrameRecord: "frames",
     Sample: "samples",
     Emission: "emissions",
     Event: "events",
     DeviceSample: "gpu_samples",
+    ChunkStage: "chunk_stages",
 }
 
 
@@ -420,6 +433,7 @@ _RUN_TIME: dict[type, Callable[[Any], float | None]] = {
     Emission: operator.attrgetter("t_emit"),
     Event: operator.attrgetter("t"),
     DeviceSample: operator.attrgetter("t"),
+    ChunkStage: lambda rec: None,  # no time of its own: its chunk's frames row has one
 }
 
 
@@ -469,7 +483,9 @@ class StoreWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def put(self, record: FrameRecord | Sample | Emission | Event | DeviceSample) -> None:
+    def put(
+        self, record: FrameRecord | Sample | Emission | Event | DeviceSample | ChunkStage
+    ) -> None:
         self._q.put(record)
 
     def close(self, timeout: float = 30.0) -> None:

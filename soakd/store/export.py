@@ -1,5 +1,5 @@
-"""Read one run's raw rows (frames, samples, gpu_samples, emissions) for ``soakd export``,
-in chunks.
+"""Read one run's raw rows (frames, samples, gpu_samples, emissions, chunk_stages) for
+``soakd export``, in chunks.
 
 The columns come from the table itself (``PRAGMA table_info``), so a column a migration adds
 is exported without a change here; ``run_id`` is left out (every row has the same one).
@@ -17,6 +17,7 @@ EXPORT_TABLES: dict[str, str] = {
     "samples": "seq",
     "emissions": "frame_id, idx",
     "gpu_samples": "seq, gpu",  # one row per GPU per tick (runs on several GPUs)
+    "chunk_stages": "frame_id, name",  # one row per named stage per rollout chunk
 }
 CHUNK_ROWS = 5000
 

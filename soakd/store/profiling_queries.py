@@ -164,14 +164,14 @@ def emission_intervals(
     conn: sqlite3.Connection, run_id: str, *, profile: bool = False
 ) -> np.ndarray:
     """Inter-output intervals (ms) of a generator run. Outputs with a NULL interval (each
-    request's first chunk, whose time is the first-output latency) are left out, so one-time
-    cost never enters the intervals. Soak runs keep only requests after warm-up; profile
-    runs drop only the first request."""
+    request's first chunk, or a rollout's very first output: its time is the first-output
+    latency) are left out, so one-time cost never enters the intervals. Soak runs keep only
+    requests after warm-up; profile runs drop only the first request."""
     where = "f.first = 0" if profile else "f.warmup = 0"
     rows = conn.execute(
         "SELECT e.interval_ms FROM emissions e JOIN frames f"
         " ON f.run_id = e.run_id AND f.frame_id = e.frame_id"
-        f" WHERE e.run_id = ? AND e.idx > 0 AND e.interval_ms IS NOT NULL AND {where}"
+        f" WHERE e.run_id = ? AND e.interval_ms IS NOT NULL AND {where}"
         " ORDER BY e.frame_id, e.idx",
         (run_id,),
     ).fetchall()

@@ -365,6 +365,22 @@ ALTER TABLE frames ADD COLUMN consume_ms REAL;
 ALTER TABLE frames ADD COLUMN consume_output_ms REAL;
 """,
     ),
+    (
+        "0008_chunk_stages",
+        """
+-- rollout generators: the named stages of each chunk (one frames row per chunk), as the
+-- workload reports them through run.stage(name): "context", "denoise", "kv_write",
+-- "vae_decode", "memory_bank" or any [a-z0-9_]+ name; ms is the stage's total in the chunk
+-- (soakd.store.chunk_stages)
+CREATE TABLE chunk_stages (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    frame_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    ms REAL NOT NULL,
+    PRIMARY KEY (run_id, frame_id, name)
+) WITHOUT ROWID;
+""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

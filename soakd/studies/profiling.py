@@ -213,7 +213,7 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
         vision_tokens=_median(vals["vision_tokens"]),
         audio_tokens=_median(vals["audio_tokens"]),
     )
-    if run.workload.get("shape", run.workload_kind) == "generator":
+    if run.workload.get("shape", run.workload_kind) in ("generator", "rollout"):
         result.stream = _stream(conn, run_id, first)
     result.notes = _notes(result)
     return result

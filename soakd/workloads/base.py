@@ -9,6 +9,9 @@ Three shapes cover the systems soakd exists for (see docs/workloads.md):
   frames and polls outputs; stages the model hides are stored as NULL, never invented.
 * ``GeneratorWorkload`` (Matrix-Game style frame generation): one request per tick, frames
   come back through an ``emit`` callback, singly or in chunks.
+* ``RolloutWorkload`` (Matrix-Game's causal KV rollout): one long session per run; the
+  workload pulls a ``Condition`` per chunk from a ``RolloutRun``, times named stages
+  through ``run.stage(name)`` and reports frames through ``run.emit(n)``.
 
 A workload is built by a factory from the validated ``[workload]`` settings and a
 ``WorkloadContext``. ``setup`` loads the model (and may call ``ctx.extend_timeout`` while
@@ -19,6 +22,7 @@ setting that changes timing so it is stored with the run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -40,6 +44,8 @@ class WorkloadContext:
     fps: float = 1.0
     audio_rate: int | None = None  # Hz, when an audio source is configured
     cache_dir: str | None = None  # where built-in tiny models are saved and loaded from
+    device: str = "cpu"  # where the settings say the workload runs (telemetry samples it)
+    device_map: str | dict[str, Any] | None = None  # or the GPUs a sharded model spans
     extend_timeout: Callable[[float], None] = field(default=lambda seconds: None)
     phase: Callable[[str], None] = field(default=lambda name: None)  # "loading model", ...
     log: Any = None  # a structlog logger bound to the run
@@ -128,4 +134,49 @@ class GeneratorWorkload(Protocol):
     def close(self) -> None: ...
 
 
-Workload = StagedWorkload | SessionWorkload | GeneratorWorkload
+@dataclass(slots=True, frozen=True)
+class Condition:
+    """The conditioning for one chunk: the newest paced source frame (its id, capture and
+    scheduled times are the chunk's), and the chunk's action/pose from workload.conditions
+    (a dict from a JSON-lines file, cycled; or a synthetic one), or None."""
+
+    frame: Frame
+    index: int  # 0, 1, 2 ... chunks asked for so far
+    action: dict[str, Any] | None
+
+
+class RolloutRun(Protocol):
+    """What soakd hands a rollout: pacing in, timing out."""
+
+    def next_condition(self) -> Condition | None: ...
+
+    # the newest pending condition (older ones are dropped, counted as drops), waiting
+    # for the pacer's next tick when none is pending; None when the run is ending: the
+    # rollout must then return. Calling it starts a new chunk (and ends the previous one).
+
+    def stage(self, name: str) -> AbstractContextManager[None]: ...
+
+    # times a named stage of the current chunk ("context", "denoise", "kv_write",
+    # "vae_decode", "memory_bank", any free-form [a-z0-9_]+ name); the workload's sync()
+    # runs at the stage end (CUDA synchronize), so GPU time is not attributed late.
+    # A name may repeat inside a chunk: its times add up.
+
+    def emit(self, n: int) -> None: ...
+
+    # n generated frames of the current chunk are out now (may be called more than once
+    # per chunk, e.g. per decoded latent frame)
+
+
+@runtime_checkable
+class RolloutWorkload(Protocol):
+    shape: Literal["rollout"]
+
+    def setup(self) -> None: ...
+    # loop: while (c := run.next_condition()) is not None: ...
+    def rollout(self, run: RolloutRun) -> None: ...
+    def sync(self) -> None: ...
+    def describe(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+Workload = StagedWorkload | SessionWorkload | GeneratorWorkload | RolloutWorkload

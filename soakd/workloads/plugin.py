@@ -1,9 +1,9 @@
 """Users' own workloads: ``kind = "python"`` with ``factory = "package.module:function"``.
 
 The factory is imported, called as ``factory(options, ctx)`` and must return an object that
-satisfies one of the three protocols of :mod:`soakd.workloads.base`: a ``shape`` attribute
-(``"staged"``, ``"session"`` or ``"generator"``) and that shape's methods. Anything else is
-a ``WorkloadError`` naming what is missing, raised before the run starts.
+satisfies one of the protocols of :mod:`soakd.workloads.base`: a ``shape`` attribute
+(``"staged"``, ``"session"``, ``"generator"`` or ``"rollout"``) and that shape's methods.
+Anything else is a ``WorkloadError`` naming what is missing, raised before the run starts.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ REQUIRED_METHODS: dict[str, tuple[str, ...]] = {
     "staged": ("setup", "preprocess", "infer", "decode", "sync", "describe", "close"),
     "session": ("setup", "start", "push", "poll", "describe", "close"),
     "generator": ("setup", "generate", "describe", "close"),
+    "rollout": ("setup", "rollout", "sync", "describe", "close"),
 }
 
 
-def check_workload(obj: Any, origin: str, expect: str | None = None) -> Any:
+def check_workload(obj: Any, origin: str, expect: str | tuple[str, ...] | None = None) -> Any:
     """Return ``obj`` if it satisfies a workload protocol, else raise ``WorkloadError``.
 
-    ``origin`` names where it came from in the message; ``expect`` pins the shape.
+    ``origin`` names where it came from in the message; ``expect`` pins the shape (or the
+    shapes allowed).
     """
     shape = getattr(obj, "shape", None)
     if shape not in REQUIRED_METHODS:
@@ -34,8 +36,10 @@ def check_workload(obj: Any, origin: str, expect: str | None = None) -> Any:
             f"{origin} returned {type(obj).__name__}, not a workload: its 'shape' attribute "
             f"must be one of {shapes}, got {shape!r}"
         )
-    if expect is not None and shape != expect:
-        raise WorkloadError(f"{origin} returned a {shape!r} workload, expected {expect!r}")
+    allowed = (expect,) if isinstance(expect, str) else expect
+    if allowed is not None and shape not in allowed:
+        want = " or ".join(repr(a) for a in allowed)
+        raise WorkloadError(f"{origin} returned a {shape!r} workload, expected {want}")
     missing = [m for m in REQUIRED_METHODS[shape] if not callable(getattr(obj, m, None))]
     if missing:
         raise WorkloadError(
@@ -45,7 +49,11 @@ def check_workload(obj: Any, origin: str, expect: str | None = None) -> Any:
 
 
 def load_factory(
-    ref: str, options: dict[str, Any], ctx: WorkloadContext, *, expect: str | None = None
+    ref: str,
+    options: dict[str, Any],
+    ctx: WorkloadContext,
+    *,
+    expect: str | tuple[str, ...] | None = None,
 ) -> Any:
     """Import ``ref``, call it with ``(options, ctx)`` and check what it returns."""
     factory = resolve(ref)

@@ -23,6 +23,7 @@ BUILDERS: dict[str, str] = {
     "session": "soakd.workloads.session:build",
     "generator": "soakd.workloads.generator:build",
     "av": "soakd.workloads.av:build",
+    "matrix_game": "soakd.workloads.matrix_game:build",
     "python": "soakd.workloads.plugin:build_python",
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from soakd.run.drivers import generator, session, staged
+from soakd.run.drivers import generator, rollout, session, staged
 from soakd.run.drivers.context import Counters, DriverContext
 
 __all__ = ["Counters", "DriverContext", "get_driver"]
@@ -21,11 +21,13 @@ _DRIVERS: dict[str, Callable[[DriverContext[Any]], None]] = {
     "staged": staged.drive,
     "session": session.drive,
     "generator": generator.drive,
+    "rollout": rollout.drive,
 }
 
 
 def get_driver(shape: str) -> Callable[[DriverContext[Any]], None]:
-    """The driver for a workload shape (``staged``, ``session``, ``generator``)."""
+    """The driver for a workload shape (``staged``, ``session``, ``generator``,
+    ``rollout``)."""
     if shape not in _DRIVERS:
         raise ValueError(f"unknown workload shape {shape!r}")
     return _DRIVERS[shape]

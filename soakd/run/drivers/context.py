@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from soakd.clock import Clock
-from soakd.records import Emission, Event, Frame, FrameRecord
+from soakd.records import ChunkStage, Emission, Event, Frame, FrameRecord
 from soakd.run.queue import StreamQueues
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class DriverContext(Generic[W]):
     clock: Clock
     t0_ns: int
     stop: threading.Event
-    emit: Callable[[FrameRecord | Emission], None]
+    emit: Callable[[FrameRecord | Emission | ChunkStage], None]
     event: Callable[[Event], None]
     queue: StreamQueues | None  # paced runs: one queue per stream
     grab: Callable[[], Frame] | None  # unpaced runs: capture inline

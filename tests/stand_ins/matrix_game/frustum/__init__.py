@@ -1,0 +1,1 @@
+"""Stand-in package (tests/stand_ins/matrix_game/README.md)."""
