@@ -305,7 +305,8 @@ def render_markdown(r: ProfileResult) -> str:
             f"| inter-output interval p95 | {_ms(ss.interval_p95_ms)} |",
             f"| inter-output interval max | {_ms(ss.interval_max_ms)} |",
             "",
-            f"Intervals: {ss.intervals}, each request's first output excluded.",
+            f"Intervals: {ss.intervals}, each request's first output (a rollout's very first"
+            " output) excluded.",
             "",
         ]
     lines.append(f"- peak process memory (RSS): {_mb(r.peak_rss_bytes)}")
