@@ -283,3 +283,16 @@ def bench_main(
     with tempfile.TemporaryDirectory(prefix="soakd-bench-") as tmp:
         report(run(args.quick, Path(tmp)), args.out)
     return 0
+
+
+#: bulk inserts of synthetic frames and (CPU-host) samples, the columns in this order
+FRAME_SQL = (
+    "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, t_dispatch, t_done, lateness_ms,"
+    " grab_ms, pre_ms, infer_ms, decode_ms, total_ms, queue_len, frame_age_ms, e2e_ms,"
+    " drop_count, stale_count, out_tokens, first, warmup, skipped)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SAMPLE_SQL = (
+    "INSERT INTO samples (run_id, seq, t, wall, lag_ms, tick_ms, rss_bytes, cpu_pct,"
+    " sys_mem_used_bytes, sys_mem_total_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)

@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from bench._common import BenchResult, Target, bench_main
+from bench._common import FRAME_SQL, SAMPLE_SQL, BenchResult, Target, bench_main
 
 if TYPE_CHECKING:
     from soakd.config import Settings
@@ -61,7 +61,7 @@ def settings_for(duration_s: float, db: Path) -> Settings:
 
 
 def _frame_rows(lo: int, n: int, rng: np.random.Generator) -> list[tuple[object, ...]]:
-    """Frames ``lo`` .. ``lo + n - 1`` as ``_FRAME_SQL`` rows."""
+    """Frames ``lo`` .. ``lo + n - 1`` as ``FRAME_SQL`` rows."""
     period = 1.0 / FPS
     fid = np.arange(lo, lo + n)
     t_sched = fid * period
@@ -103,18 +103,6 @@ def _frame_rows(lo: int, n: int, rng: np.random.Generator) -> list[tuple[object,
         np.zeros(n, dtype=int),
     ]
     return list(zip(*(c.tolist() for c in cols), strict=True))
-
-
-_FRAME_SQL = (
-    "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, t_dispatch, t_done, lateness_ms,"
-    " grab_ms, pre_ms, infer_ms, decode_ms, total_ms, queue_len, frame_age_ms, e2e_ms,"
-    " drop_count, stale_count, out_tokens, first, warmup, skipped)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_SAMPLE_SQL = (
-    "INSERT INTO samples (run_id, seq, t, wall, lag_ms, tick_ms, rss_bytes, cpu_pct,"
-    " sys_mem_used_bytes, sys_mem_total_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
 
 def _sample_rows(m: int, rng: np.random.Generator, t0_wall: float) -> list[tuple[object, ...]]:
@@ -174,10 +162,10 @@ def make_run_db(path: Path, duration_s: float, seed: int = 0) -> None:
     for lo in range(0, n, chunk):
         rows = _frame_rows(lo, min(chunk, n - lo), rng)
         conn.execute("BEGIN")
-        conn.executemany(_FRAME_SQL, rows)
+        conn.executemany(FRAME_SQL, rows)
         conn.execute("COMMIT")
     conn.execute("BEGIN")
-    conn.executemany(_SAMPLE_SQL, _sample_rows(m, rng, t0_wall))
+    conn.executemany(SAMPLE_SQL, _sample_rows(m, rng, t0_wall))
     conn.executemany(
         "INSERT INTO events (run_id, t, wall, kind, message) VALUES (?, ?, ?, ?, ?)",
         [

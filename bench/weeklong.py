@@ -33,7 +33,7 @@ if __package__ in (None, ""):
 
 import numpy as np
 
-from bench._common import _cpu_model
+from bench._common import FRAME_SQL, SAMPLE_SQL, _cpu_model
 
 FPS = 30.0
 SAMPLE_S = 0.1
@@ -43,17 +43,6 @@ CACHE = Path(os.environ.get("SOAKD_WEEKLONG_CACHE", "/tmp/soakd-weeklong"))
 LIMIT_S, LIMIT_MB = 120.0, 300.0  # the target for every command on the long run
 MB = 1e6
 CHUNK = 400_000
-
-_FRAME_SQL = (
-    "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, t_dispatch, t_done, lateness_ms,"
-    " grab_ms, pre_ms, infer_ms, decode_ms, total_ms, queue_len, frame_age_ms, e2e_ms,"
-    " drop_count, stale_count, out_tokens, first, warmup, skipped)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_SAMPLE_SQL = (
-    "INSERT INTO samples (run_id, seq, t, wall, lag_ms, tick_ms, rss_bytes, cpu_pct,"
-    " sys_mem_used_bytes, sys_mem_total_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
 
 
 def _overrides(duration_s: float, db: Path) -> list[str]:
@@ -146,12 +135,12 @@ def add_run(
     for lo in range(0, n, CHUNK):
         rows = frame_rows(run_id, lo, min(CHUNK, n - lo), rng, **frame_kw)  # type: ignore[arg-type]
         with store.atomic(conn):
-            conn.executemany(_FRAME_SQL, rows)
+            conn.executemany(FRAME_SQL, rows)
     leak = float(faults.get("leak_mb_per_min", 0.0))
     for lo in range(0, m, CHUNK):
         rows = sample_rows(run_id, lo, min(CHUNK, m - lo), rng, started_unix, leak)
         with store.atomic(conn):
-            conn.executemany(_SAMPLE_SQL, rows)
+            conn.executemany(SAMPLE_SQL, rows)
     with store.atomic(conn):
         conn.executemany(
             "INSERT INTO events (run_id, t, wall, kind, message) VALUES (?, ?, ?, ?, ?)",

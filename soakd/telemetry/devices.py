@@ -36,7 +36,7 @@ from soakd.environment import (
     visible_ordinals,
 )
 from soakd.errors import UsageError
-from soakd.records import DeviceSample
+from soakd.records import SAMPLE_FIELDS, DeviceSample
 from soakd.telemetry.probes import (
     NvmlProbe,
     Probe,
@@ -50,16 +50,8 @@ from soakd.telemetry.probes import (
 AUTO: Literal["auto"] = "auto"
 #: accelerate's device_map strategies: each may place layers on every visible GPU
 _SPREADING_MAPS = frozenset({"auto", "balanced", "balanced_low_0", "sequential"})
-_NVML_KEYS = (
-    "gpu_mem_used_bytes",
-    "gpu_mem_total_bytes",
-    "gpu_util_pct",
-    "gpu_mem_util_pct",
-    "gpu_proc_mem_bytes",
-    "gpu_temp_c",
-    "gpu_power_w",
-    "gpu_sm_clock_mhz",
-)
+#: the samples columns an NVML probe fills (every gpu_* column of the samples table)
+_NVML_KEYS = tuple(k for k in SAMPLE_FIELDS if k.startswith("gpu_"))
 
 Gpus = Literal["auto"] | tuple[int, ...]
 
