@@ -362,6 +362,45 @@ def test_synthetic_frame_number_survives_large_n_and_ts_is_n_over_fps() -> None:
     assert ts == pytest.approx(1 / 25)
 
 
+def _window_and_stamp(src: SyntheticSource, n: int) -> np.ndarray:
+    """Frame ``n`` by definition: the strip's window at ``n * step`` (mod the period), its top
+    4 rows overwritten with n's 32 bits as black/white blocks of width // 32 pixels."""
+    assert src._strip is not None
+    off = (n * src.step) % src._period
+    out = src._strip[:, off : off + src.width].copy()
+    bw = src.width // 32
+    if bw:
+        bits = ((n >> np.repeat(np.arange(32), bw)) & 1).astype(np.uint8) * 255
+        out[:4, : 32 * bw] = bits[None, :, None]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "pattern"),
+    [
+        (64, 48, "bars"),
+        (100, 8, "noise"),
+        (31, 20, "gradient"),
+        (1000, 16, "bars"),
+        (1280, 720, "bars"),
+    ],
+)
+def test_synthetic_frame_is_the_pattern_window_with_the_number_stamped(
+    width: int, height: int, pattern: str
+) -> None:
+    """Every frame is its window of the pattern with n stamped over the top rows, whatever
+    the size (blocks spanning the width or not, too narrow to stamp, windows too large to
+    keep: 1280x720), for small and large n, and is the caller's to write."""
+    src = SyntheticSource(SourceSettings(pattern=pattern, width=width, height=height), fps=30)
+    src.open()
+    for n in (0, 1, 2, 255, 256, 257, 70_000, 2**31 + 5, *range(3, 200, 7)):
+        frame = src.render(n)
+        assert np.array_equal(frame, _window_and_stamp(src, n)), n
+        assert frame_index(frame) == (n % 2**32 if width >= 32 else None)
+    frame[0, 0, 0] = 7  # writable, and a copy: the next render of n is unchanged
+    assert np.array_equal(src.render(n), _window_and_stamp(src, n))
+
+
 def test_synthetic_read_is_cheap_enough_for_240_fps() -> None:
     """240 reads of 640x480 take far less than a second: a no-op run is not capture-bound."""
     src = open_source(SourceSettings(width=640, height=480), fps=240)

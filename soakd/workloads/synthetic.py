@@ -69,6 +69,16 @@ class Synthetic:
             or settings.stall_after_s > 0
             or settings.drift_ms_per_min
         )
+        # nothing planted in infer: it only counts (the no-op workload of the harness
+        # benchmarks, whose per-frame cost should be the harness's, not this model's)
+        self._plain_infer = not (
+            self._aging
+            or settings.infer_ms > 0
+            or settings.spike_every
+            or settings.error_every
+            or settings.error_stream is not None
+        )
+        self._pre_ms, self._decode_ms = settings.pre_ms, settings.decode_ms
 
     # --- helpers
     def _elapsed(self) -> float:
@@ -108,14 +118,16 @@ class Synthetic:
         self._elapsed()
 
     def preprocess(self, frame: Frame) -> Any:
-        if self.s.pre_ms > 0:  # a 0 ms stage draws no noise and does not sleep
-            self._sleep(self._noisy(self.s.pre_ms))
+        if self._pre_ms > 0:  # a 0 ms stage draws no noise and does not sleep
+            self._sleep(self._noisy(self._pre_ms))
         return frame.stream
 
     def infer(self, inputs: Any) -> Any:
-        s = self.s
         self._n += 1
         n = self._n
+        if self._plain_infer:
+            return n
+        s = self.s
         ms = s.infer_ms
         if self._aging:
             elapsed = self._elapsed()
@@ -144,9 +156,9 @@ class Synthetic:
                 raise SyntheticError(f"planted error on stream {stream}")
 
     def decode(self, outputs: Any) -> StageOutput:
-        if self.s.decode_ms > 0:
-            self._sleep(self._noisy(self.s.decode_ms))
-        return StageOutput(text=f"frame {outputs}", tokens=1)
+        if self._decode_ms > 0:
+            self._sleep(self._noisy(self._decode_ms))
+        return StageOutput(f"frame {outputs}", 1)  # text, tokens
 
     def sync(self) -> None:
         return None
