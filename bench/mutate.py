@@ -50,6 +50,8 @@ V = "soakd/analysis/verdict.py"
 S = "soakd/analysis/stats.py"
 M = "soakd/analysis/model.py"
 CTX = "soakd/run/drivers/context.py"
+SINK = "soakd/run/sink.py"
+SINK_TESTS = "tests/test_sink.py"
 MUTANTS = (
     # the exit-code path
     Mutant("run exits 0 whatever the verdict", "soakd/cli/run.py",
@@ -164,8 +166,11 @@ MUTANTS = (
     Mutant("run's exit code dropped", "soakd/cli/run.py",
            "raise typer.Exit(execute_run(settings, live=use_live))",
            "execute_run(settings, live=use_live)", (EXITS,)),
-    Mutant("frame age from the deadline", CTX, "frame_age_ms=(t_taken - frame.t_capture_ns) / 1e6,",
-           "frame_age_ms=(t_taken - frame.t_sched_ns) / 1e6,", (EXITS,)),
+    Mutant("frame age from the deadline", CTX,
+           '"frame_age_ms": (t_taken - frame.t_capture_ns) / 1e6,',
+           '"frame_age_ms": (t_taken - frame.t_sched_ns) / 1e6,', (EXITS,)),
+    Mutant("staged frame age from the deadline", SINK, "ms[6], ms[7], c[10]",
+           "ms[7], ms[7], c[10]", (SINK_TESTS,)),
 )  # fmt: skip
 
 

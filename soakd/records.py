@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,9 +57,15 @@ class StageOutput:
     extra: dict[str, Any] | None = None
 
 
-@dataclass(slots=True)
-class FrameRecord:
-    """One row of the ``frames`` table. ``None`` means unknown (never invented)."""
+class FrameRecord(NamedTuple):
+    """One row of the ``frames`` table, its fields in the table's column order (after
+    ``run_id``). ``None`` means unknown (never invented).
+
+    A tuple, so that its row is bound to SQLite as it is (``extra`` aside, stored as JSON);
+    drivers that fill a record in steps (sessions) build a new one with ``_replace``. The
+    staged driver's records are built a batch at a time, positionally in this order
+    (run/sink.py: ``staged_records``; tests/test_sink.py pins them against keyword-built
+    ones)."""
 
     frame_id: int
     t_sched: float  # seconds since run start
@@ -88,15 +94,15 @@ class FrameRecord:
     pending: int | None = None  # frames pending inside a session model
     output_kind: str | None = None  # session: "text" | "silence" | None
     output_latency_ms: float | None = None  # capture -> next output (session models)
-    t_consumed: float | None = None  # session: the model took the frame (s since run start)
-    consume_ms: float | None = None  # session: push -> taken by the model
-    consume_output_ms: float | None = None  # session: taken -> the model's next output
     first_emit_ms: float | None = None  # generator: request -> first emitted frame
     emitted: int | None = None  # generator: frames emitted for this request
-    extra: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None  # stored as JSON text
     # which paced source captured the frame (run.streams); drop_count and stale_count are
     # cumulative per stream
     stream: int = 0
+    t_consumed: float | None = None  # session: the model took the frame (s since run start)
+    consume_ms: float | None = None  # session: push -> taken by the model
+    consume_output_ms: float | None = None  # session: taken -> the model's next output
 
 
 @dataclass(slots=True)

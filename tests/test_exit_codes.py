@@ -18,6 +18,7 @@ from soakd.errors import ExitCode
 from soakd.records import Frame
 from soakd.run.drivers.context import DriverContext
 from soakd.run.outcome import Outcome, exit_code
+from soakd.run.sink import FrameSink
 
 from .conftest import SYNTH_CLI as SYNTH
 from .conftest import run_cli
@@ -109,6 +110,7 @@ def test_lateness_is_grab_start_minus_deadline_and_age_is_dispatch_minus_capture
         clock=MonotonicClock(),
         t0_ns=t0,
         stop=threading.Event(),
+        sink=FrameSink(lambda batch: None, t0),
         emit=lambda r: None,
         event=lambda e: None,
         queue=None,

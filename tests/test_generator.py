@@ -20,7 +20,9 @@ from soakd.errors import UsageError
 from soakd.records import Emission, Event, Frame, FrameRecord
 from soakd.run.drivers import DriverContext
 from soakd.run.drivers.generator import drive
+from soakd.run.pacer import UnpacedGrab
 from soakd.run.runner import run_soak
+from soakd.run.sink import FrameSink
 from soakd.workloads.base import EmitFn, GeneratorTimings, WorkloadContext, WorkloadError
 from soakd.workloads.generator import TinyGenerator, build
 
@@ -93,11 +95,6 @@ def _ctx(
     records: list[Any] = []
     events: list[Event] = []
     aborts: list[str] = []
-    counter = iter(range(1000))
-
-    def grab() -> Frame:
-        return _frame(next(counter), clock.now_ns())
-
     ov = [f"workload.{k}={v!r}" for k, v in settings.items()]
     ctx = DriverContext(
         settings=load_settings(overrides=["workload.kind=generator", *ov]),
@@ -105,10 +102,16 @@ def _ctx(
         clock=clock,
         t0_ns=clock.now_ns(),
         stop=threading.Event(),
+        sink=FrameSink(records.extend, clock.now_ns(), batch=1),
         emit=records.append,
         event=events.append,
         queue=None,
-        grab=grab,
+        grab=UnpacedGrab(
+            lambda: (np.zeros((16, 16, 3), np.uint8), None),
+            fps=30,
+            clock=clock,
+            on_end=lambda e: None,
+        ),
         warmup_end_ns=0,
         max_frames=max_frames,
         request_abort=aborts.append,

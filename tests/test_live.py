@@ -89,7 +89,7 @@ def test_rolling_p95_and_max_come_from_the_recent_frames() -> None:
     """p95 and max are of the recent values, not of the median."""
     r = Rolling()
     for i in range(100):
-        r.add(_frame(i, infer=float(i)))
+        r.add_many([_frame(i, infer=float(i))])
     assert r.max("infer") == 99.0
     assert r.p95("infer") == 95.0
 
@@ -100,14 +100,13 @@ def test_rolling_windows_hold_the_newest_values_whenever_they_are_read() -> None
     frames = []
     for i in range(10 * 256):  # the last fold of a frame budget ends on a full batch
         f = _frame(i, infer=float(i), warmup=i < 200)
-        f.infer_ms = None if i % 3 == 0 else f.infer_ms
-        f.skipped = i % 10 == 0
+        f = f._replace(infer_ms=None if i % 3 == 0 else f.infer_ms, skipped=i % 10 == 0)
         frames.append(f)
     live = [f for f in frames if not f.skipped]
     for every in (1, 97, 10**6):
         r = Rolling()
         for i, f in enumerate(frames):
-            r.add(f)
+            r.add_many([f])
             if i % every == 0:
                 r.median("infer")
         assert r.max("infer") is not None
@@ -122,8 +121,8 @@ def test_infer_spikes_fail_jitter_so_far_and_a_steady_run_fails_nothing() -> Non
     crit = load_settings().criteria
     steady, spiky = Rolling(), Rolling()
     for i in range(60):
-        steady.add(_frame(i, infer=20.0))
-        spiky.add(_frame(i, infer=500.0 if i % 10 == 0 else 20.0))
+        steady.add_many([_frame(i, infer=20.0)])
+        spiky.add_many([_frame(i, infer=500.0 if i % 10 == 0 else 20.0)])
     assert steady.failing(crit, drops=0, captured=60, errors=0) == []
     (line,) = spiky.failing(crit, drops=0, captured=60, errors=0)
     assert line.startswith("infer jitter") and line.endswith("(so far)")
@@ -133,7 +132,7 @@ def test_warmup_frames_are_not_judged_so_far() -> None:
     """Spikes during warm-up do not count against the run."""
     r = Rolling()
     for i in range(60):
-        r.add(_frame(i, infer=500.0 if i < 10 else 20.0, warmup=i < 10))
+        r.add_many([_frame(i, infer=500.0 if i < 10 else 20.0, warmup=i < 10)])
     assert r.failing(load_settings().criteria, drops=0, captured=60, errors=0) == []
 
 
@@ -141,7 +140,7 @@ def test_rising_frame_age_and_drops_over_the_limit_fail_so_far() -> None:
     """Age growing far faster than the slope limit, and a drop rate over it, both show."""
     r = Rolling()
     for i in range(120):  # 12 s, age grows 10 ms per frame = 6000 ms/min
-        r.add(_frame(i, infer=20.0, age=10.0 * i))
+        r.add_many([_frame(i, infer=20.0, age=10.0 * i)])
     lines = r.failing(load_settings().criteria, drops=30, captured=120, errors=0)
     assert [x.split()[0] for x in lines] == ["frame", "drops"]
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from soakd.clock import FakeClock
-from soakd.run.pacer import Pacer
+from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
 from soakd.run.queue import FrameQueue
 
 IMG = np.zeros((2, 2, 3), np.uint8)
@@ -89,3 +90,46 @@ def test_stop_interrupts_the_wait() -> None:
     ev = threading.Event()
     threading.Thread(target=lambda: (p.stop(), ev.set())).start()
     assert ev.wait(2.0), "pacer did not stop within 2 s while waiting 100 s for a deadline"
+
+
+def _unpaced(stream: int, streams: int, log: list[str]) -> UnpacedGrab:
+    def read() -> tuple[np.ndarray, float | None]:
+        log.append(f"read {stream}")
+        return IMG, None
+
+    return UnpacedGrab(
+        read, fps=10.0, clock=FakeClock(), on_end=lambda e: None, stream=stream, streams=streams
+    )
+
+
+def test_unpaced_streams_are_grabbed_in_turn_each_right_before_it_is_taken() -> None:
+    """Unpaced, N streams take turns, and each frame is read only when the driver asks for
+    it (never read ahead, which would age it by the frames dispatched meanwhile)."""
+    log: list[str] = []
+    feed = RoundRobin([_unpaced(s, 3, log) for s in range(3)])
+    for n, (frame, qlen) in enumerate(feed.frames(lambda: False)):
+        log.append(f"take {frame.stream}")
+        assert (frame.id, qlen) == (n, 0)  # ids k * N + s in capture order
+        if n == 5:
+            break
+    assert log == [f"{op} {s}" for s in (0, 1, 2, 0, 1, 2) for op in ("read", "take")]
+
+
+def test_unpaced_feed_ends_when_stopped_and_reports_a_failing_source() -> None:
+    """The unpaced feed stops at ``stopped()``; a source that raises is reported to
+    ``on_end`` and the error reaches the driver."""
+    stop = threading.Event()
+    grab = _unpaced(0, 1, [])
+    frames = grab.frames(stop.is_set)
+    next(frames)
+    stop.set()
+    assert next(frames, None) is None and grab.captured == 1
+    ended: list[BaseException] = []
+
+    def fail() -> tuple[np.ndarray, float | None]:
+        raise EOFError("gone")
+
+    broken = UnpacedGrab(fail, fps=10.0, clock=FakeClock(), on_end=ended.append)
+    with pytest.raises(EOFError):
+        next(broken.frames(lambda: False))
+    assert [str(e) for e in ended] == ["gone"]

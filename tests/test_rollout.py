@@ -25,12 +25,14 @@ from soakd.clock import FakeClock
 from soakd.config import CriteriaSettings, Settings, load_settings
 from soakd.errors import ExitCode, UsageError
 from soakd.observers.base import RunResult
-from soakd.records import ChunkStage, Emission, Frame, FrameRecord
+from soakd.records import ChunkStage, Emission, FrameRecord
 from soakd.report.html import render_html
 from soakd.report.json import verdict_dict
 from soakd.report.markdown import render_markdown
 from soakd.run.drivers import DriverContext, get_driver
+from soakd.run.pacer import UnpacedGrab
 from soakd.run.runner import run_soak
+from soakd.run.sink import FrameSink
 from soakd.workloads.base import RolloutRun, RolloutWorkload, WorkloadContext
 
 from .conftest import run_cli
@@ -449,17 +451,19 @@ def test_the_driver_times_stages_and_continues_intervals_exactly() -> None:
     amortise each gap over its frames, across chunks; first output is the first emit."""
     clock = FakeClock(start_ns=10**9)
     records: list[Any] = []
-    ids = iter(range(100))
     ctx: DriverContext[Any] = DriverContext(
         settings=load_settings(overrides=["workload.kind=generator"]),
         workload=Scripted(clock),
         clock=clock,
         t0_ns=clock.now_ns(),
         stop=threading.Event(),
+        sink=FrameSink(records.extend, clock.now_ns(), batch=1),
         emit=records.append,
         event=lambda e: None,
         queue=None,
-        grab=lambda: Frame(next(ids), clock.now_ns(), clock.now_ns(), 0, np.zeros((8, 8, 3))),
+        grab=UnpacedGrab(
+            lambda: (np.zeros((8, 8, 3)), None), fps=30, clock=clock, on_end=lambda e: None
+        ),
         warmup_end_ns=0,
         max_frames=3,
     )

@@ -296,9 +296,10 @@ def test_measured_frames_view_matches_the_verdict_of_a_real_run(tmp_path: Path) 
 
 
 def test_writer_stores_every_record_exactly_in_any_batch_size(db_path: Path) -> None:
-    """Every frame, sample and event put into the writer is stored with exactly the values
-    it carried (NULLs, flags, extra JSON), however the rows split into statements and
-    flushes; a frame put again later replaces the earlier row, as in put order."""
+    """Every frame, sample and event put into the writer, one by one or in batches, is
+    stored with exactly the values it carried (NULLs, flags, extra JSON), however the rows
+    split into statements and flushes; a frame put again later replaces the earlier row,
+    as in put order."""
     conn = store.connect(db_path)
     make_run(conn, id="r1", status="running")
     w = store.StoreWriter(db_path, "r1", flush_interval_s=0.05, max_batch=300)
@@ -315,8 +316,13 @@ def test_writer_stores_every_record_exactly_in_any_batch_size(db_path: Path) -> 
     ]  # fmt: skip
     samples = [Sample(seq=k, t=k * 0.15, wall=1.0, lag_ms=0.0, tick_ms=0.1) for k in range(37)]
     again = FrameRecord(5, 9.0, 9.0, 9.0, 9.0, 0.0, 0.0, infer_ms=-1.0)  # right after frame 5
-    for rec in (*frames[:6], again, *frames[6:], *samples):
+    for rec in (*frames[:6], again):
         w.put(rec)
+    rest = frames[6:]
+    for lo, hi in zip([0, 1, 65, 321], [1, 65, 321, len(rest)], strict=True):  # as drivers batch
+        w.put_frames(rest[lo:hi])
+    for s in samples:
+        w.put(s)
     w.put(Event("error", 0.2, 1.0, "boom", frame_id=3, data={"a": 1}))
     w.close()
     assert w.error is None

@@ -2,13 +2,15 @@
 run without the runner knowing about any of them.
 
 The runner calls every hook from its own threads; a hook must be quick and must not raise
-(an observer that raises is logged once and dropped, the run goes on). ``on_frame`` and
-``on_sample`` are on the hot path: keep them allocation-light.
+(an observer that raises is logged once and dropped, the run goes on). Frame records come
+in batches (``on_frames``: by default ``on_frame`` for each, at most 50 ms or 64 frames
+after the frame finished); ``on_frame`` and ``on_sample`` are on the hot path: keep them
+allocation-light.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,6 +80,12 @@ class Observer:
     def on_loading(self, message: str, extend_s: float) -> None: ...
     def on_ready(self) -> None: ...
     def on_frame(self, rec: FrameRecord) -> None: ...
+    def on_frames(self, recs: Sequence[FrameRecord]) -> None:
+        """A batch of frame records, in order (the driver hands them over in batches:
+        run/sink.py); by default ``on_frame`` for each."""
+        for rec in recs:
+            self.on_frame(rec)
+
     def on_sample(self, sample: Sample) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def on_progress(self, progress: Progress) -> None: ...
@@ -117,13 +125,8 @@ class Observers(Observer):
     def on_ready(self) -> None:
         self._call("on_ready")
 
-    def on_frame(self, rec: FrameRecord) -> None:
-        for o in self._obs:
-            try:
-                o.on_frame(rec)
-            except Exception:
-                self._call("on_frame", rec)  # slow path: find and drop the culprit
-                return
+    def on_frames(self, recs: Sequence[FrameRecord]) -> None:
+        self._call("on_frames", recs)
 
     def on_sample(self, sample: Sample) -> None:
         self._call("on_sample", sample)

@@ -14,7 +14,7 @@ in the run, in capture order, and ``id // N`` is the stream's own capture index.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -161,6 +161,7 @@ class UnpacedGrab:
         self.audio_rate = audio_rate or 0
         self.captured = 0
         self.stream, self.streams = stream, streams
+        self._now = clock.now_ns
 
     def _audio_chunk(self, k: int) -> np.ndarray | None:
         if self.audio is None:
@@ -169,23 +170,30 @@ class UnpacedGrab:
         return self.audio.read(int((k + 1) * per // 1_000_000_000 - k * per // 1_000_000_000))
 
     def __call__(self) -> Frame:
-        k, now = self.captured, self.clock.now_ns
-        t = now()
-        try:
-            image, ts = self.read()
-        except BaseException as exc:
-            self.on_end(exc)
-            raise
-        done = now()
-        audio = self._audio_chunk(k) if self.audio is not None else None
-        fid = k * self.streams + self.stream
-        frame = Frame(fid, t, done, done - t, image, audio, ts, k * self.period_ns, self.stream)
-        self.captured += 1
-        return frame
+        """One frame (a driver that takes frames one at a time: ``next_frame``)."""
+        return next(self.frames(lambda: False))[0]
+
+    def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]:
+        """Frames back to back, each with queue length 0, until ``stopped()``: the driver's
+        unpaced loop head, its state kept in locals (the harness's per-frame cost)."""
+        read, now, on_end, audio = self.read, self._now, self.on_end, self.audio
+        s, n, period = self.stream, self.streams, self.period_ns
+        while not stopped():
+            k = self.captured
+            t = now()
+            try:
+                image, ts = read()
+            except BaseException as exc:
+                on_end(exc)
+                raise
+            done = now()
+            self.captured = k + 1
+            chunk = None if audio is None else self._audio_chunk(k)
+            yield Frame(k * n + s, t, done, done - t, image, chunk, ts, k * period, s), 0
 
 
 class RoundRobin:
-    """The unpaced feed of several streams: each call grabs from the next stream in turn."""
+    """The unpaced feed of several streams: each frame from the next stream in turn."""
 
     def __init__(self, grabs: list[UnpacedGrab]) -> None:
         self.grabs = grabs
@@ -195,6 +203,15 @@ class RoundRobin:
         grab = self.grabs[self._next]
         self._next = (self._next + 1) % len(self.grabs)
         return grab()
+
+    def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]:
+        feeds = [g.frames(stopped) for g in self.grabs]
+        while True:
+            for feed in feeds:  # each grabbed right before it is dispatched, as one stream's
+                got = next(feed, None)
+                if got is None:
+                    return
+                yield got
 
     @property
     def captured(self) -> int:

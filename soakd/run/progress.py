@@ -36,7 +36,7 @@ FOLD_EVERY = 256
 class Rolling:
     """Recent per-stage values for the once-a-second progress snapshot (bounded).
 
-    ``add`` is on the driver's hot path and only queues the record (one append); the
+    ``add_many`` takes the sink's batches (run/sink.py) and only queues them; the
     windows fold queued records in when they are read, or every FOLD_EVERY records,
     newest first and only as many as each window keeps: the same windows as appending every
     record's values in order, for about half the cost per frame."""
@@ -47,11 +47,12 @@ class Rolling:
         # post-warm-up only, for "failing so far": infer times and (done s, age ms)
         self.judged_infer: deque[float] = deque(maxlen=n)
         self.judged_age: deque[tuple[float, float]] = deque(maxlen=n)
-        self._new: deque[FrameRecord] = deque()  # appended by the driver, folded under the lock
+        self._new: deque[FrameRecord] = deque()  # queued batches, folded under the lock
         self._fold_lock = threading.Lock()
 
-    def add(self, r: FrameRecord) -> None:
-        self._new.append(r)
+    def add_many(self, recs: list[FrameRecord]) -> None:
+        """A batch of records, in order (run/sink.py)."""
+        self._new.extend(recs)
         if len(self._new) >= FOLD_EVERY:
             self._fold()
 

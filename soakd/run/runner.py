@@ -35,6 +35,7 @@ from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
 from soakd.run.progress import Rolling
 from soakd.run.queue import StreamQueues
+from soakd.run.sink import FrameSink
 from soakd.run.thresholds_watch import watch_thresholds
 from soakd.sources import open_source
 from soakd.sources.audio import AudioSource, make_audio_source
@@ -197,11 +198,14 @@ class Run:
                 self.stop.set()
 
     # --- record plumbing (driver and sampler threads)
-    def _emit(self, rec: FrameRecord | Emission | ChunkStage) -> None:
+    def _deliver_frames(self, batch: list[FrameRecord]) -> None:
+        """A batch of frame records from the sink (run/sink.py), in order."""
+        self.writer.put_frames(batch)
+        self._rolling.add_many(batch)
+        self.obs.on_frames(batch)
+
+    def _emit(self, rec: Emission | ChunkStage) -> None:
         self.writer.put(rec)
-        if type(rec) is FrameRecord:
-            self._rolling.add(rec)
-            self.obs.on_frame(rec)
 
     def _event(self, ev: Event) -> None:
         self.writer.put(ev)
@@ -319,6 +323,7 @@ class Run:
         runs.open_run(conn, self._new_run(workload, sources[0], load_s, env), self.clock.wall())
         self.writer = store.StoreWriter(self.db_path, self.run_id)
         self.writer.start()
+        self._frames = FrameSink(self._deliver_frames, self.t0_ns)
         self._writer_started = True
         built = self._build_stack(sources, audios, workload)
         self._announce(env)
@@ -437,6 +442,7 @@ class Run:
             clock=clock,
             t0_ns=self.t0_ns,
             stop=self.stop,
+            sink=self._frames,
             emit=self._emit,
             event=self._event,
             queue=queue,
@@ -519,6 +525,7 @@ class Run:
         built.driver.join_s = 1.0 if stalled else self._grace_s(built.ctx.counters)
         for part in reversed(built.parts):
             part.stop()
+        self._frames.drain()  # what the driver appended since the last batch
         c = built.ctx.counters
         # as the run ended, before closing the workload can release a hung frame
         self._at_stop = (c.in_flight_since_ns, self.stall_timeout_s(c))
@@ -563,6 +570,7 @@ class Run:
         next_progress = self.t0_ns + 1_000_000_000
         ready, warm_logged, last_done_seen = False, s.run.warmup_s <= 0, 0
         while not self.stop.wait(0.05):
+            self._frames.drain()  # a low rate or a hung model: no record waits for a batch
             now = clock.now_ns()
             if self.paced and now >= end_ns:
                 self.request_stop()

@@ -21,8 +21,9 @@ TABLE = "chunk_stages"
 CHUNK_STAGE_COLUMNS: tuple[str, ...] = ("run_id", "frame_id", "name", "ms")
 
 
-def chunk_stage_row(run_id: str, c: ChunkStage) -> tuple[Any, ...]:
-    return (run_id, c.frame_id, c.name, c.ms)
+def chunk_stage_values(c: ChunkStage) -> tuple[Any, ...]:
+    """A chunk stage's values in the table's column order after ``run_id``."""
+    return (c.frame_id, c.name, c.ms)
 
 
 def load_stage_columns(

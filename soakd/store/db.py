@@ -39,8 +39,8 @@ from soakd.records import (
     FrameRecord,
     Sample,
 )
-from soakd.store.chunk_stages import CHUNK_STAGE_COLUMNS, chunk_stage_row
-from soakd.store.gpu_samples import GPU_SAMPLE_COLUMNS, gpu_sample_row
+from soakd.store.chunk_stages import CHUNK_STAGE_COLUMNS, chunk_stage_values
+from soakd.store.gpu_samples import GPU_SAMPLE_COLUMNS, gpu_sample_values
 from soakd.store.runs import mark_orphaned_runs
 from soakd.store.schema import (
     EMISSION_COLUMNS,
@@ -74,6 +74,9 @@ _log = structlog.get_logger("soakd.store")
 # identity: every caller of sqlite3 in the process still binds NULL for None.
 _NOTHING: dict[None, None] = {}
 sqlite3.register_adapter(type(None), _NOTHING.get)
+# bool is not an exact int either and takes the same slow path; ``int`` binds it as 0 or 1,
+# as the failed look-up then did (a frame row has three flags)
+sqlite3.register_adapter(bool, int)
 
 
 class StoreError(RuntimeError):
@@ -272,57 +275,40 @@ def _json(v: Any) -> str | None:
     return None if v is None else json.dumps(v, default=str, separators=(",", ":"))
 
 
+def frame_values(r: FrameRecord) -> tuple[Any, ...]:
+    """A frame's values in the frames table's column order after ``run_id``: the record
+    itself (a tuple in that order), with ``extra`` as JSON text."""
+    if r.extra is None:
+        return r
+    values = list(r)
+    values[_EXTRA] = _json(r.extra)
+    return tuple(values)
+
+
+_EXTRA = FrameRecord._fields.index("extra")
+
+
 def frame_row(run_id: str, r: FrameRecord) -> tuple[Any, ...]:
-    return (
-        run_id,
-        r.frame_id,
-        r.t_sched,
-        r.t_capture,
-        r.t_dispatch,
-        r.t_done,
-        r.lateness_ms,
-        r.grab_ms,
-        r.pre_ms,
-        r.infer_ms,
-        r.decode_ms,
-        r.total_ms,
-        r.queue_len,
-        r.frame_age_ms,
-        r.e2e_ms,
-        r.drop_count,
-        r.stale_count,
-        r.out_tokens,
-        r.vision_tokens,
-        r.audio_tokens,
-        r.error,
-        int(r.first),
-        int(r.warmup),
-        int(r.skipped),
-        r.session_dropped,
-        r.pending,
-        r.output_kind,
-        r.output_latency_ms,
-        r.first_emit_ms,
-        r.emitted,
-        _json(r.extra),
-        r.stream,
-        r.t_consumed,
-        r.consume_ms,
-        r.consume_output_ms,
-    )
+    """A whole frames row, ``run_id`` first."""
+    return (run_id, *frame_values(r))
+
+
+def sample_values(s: Sample) -> tuple[Any, ...]:
+    v = s.values
+    return (s.seq, s.t, s.wall, s.lag_ms, s.tick_ms, *(v.get(k) for k in SAMPLE_FIELDS))
 
 
 def sample_row(run_id: str, s: Sample) -> tuple[Any, ...]:
-    v = s.values
-    return (run_id, s.seq, s.t, s.wall, s.lag_ms, s.tick_ms, *(v.get(k) for k in SAMPLE_FIELDS))
+    """A whole samples row, ``run_id`` first."""
+    return (run_id, *sample_values(s))
 
 
-def emission_row(run_id: str, e: Emission) -> tuple[Any, ...]:
-    return (run_id, e.frame_id, e.idx, e.t_emit, e.interval_ms, e.chunk, e.chunk_frames, e.chunk_ms)
+def emission_values(e: Emission) -> tuple[Any, ...]:
+    return (e.frame_id, e.idx, e.t_emit, e.interval_ms, e.chunk, e.chunk_frames, e.chunk_ms)
 
 
-def event_row(run_id: str, e: Event) -> tuple[Any, ...]:
-    return (run_id, e.t, e.wall, e.kind, e.frame_id, e.message, _json(e.data))
+def event_values(e: Event) -> tuple[Any, ...]:
+    return (e.t, e.wall, e.kind, e.frame_id, e.message, _json(e.data))
 
 
 #: rows per multi-row INSERT statement. sqlite3 releases the GIL around each statement's
@@ -349,21 +335,27 @@ _TABLES: dict[type, tuple[str, tuple[str, ...]]] = {
 @functools.lru_cache(maxsize=16)
 def _insert_sql(table: str, cols: tuple[str, ...], rows: int) -> str:
     """``INSERT OR REPLACE`` of ``rows`` rows in one statement (rows apply in order, as
-    one statement each would)."""
-    one = f"({', '.join('?' * len(cols))})"
-    return f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES {', '.join([one] * rows)}"
+    one statement each would). ``cols[0]`` is ``run_id``, bound once as ``?1``; each row's
+    values (the other columns) follow in numbered parameters."""
+    k = len(cols) - 1
+    one = lambda r: "(?1, " + ", ".join(f"?{2 + r * k + c}" for c in range(k)) + ")"  # noqa: E731
+    values = ", ".join(one(r) for r in range(rows))
+    return f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES {values}"
 
 
-def insert_rows(conn: sqlite3.Connection, kind: type, rows: Collection[tuple[Any, ...]]) -> None:
-    """Insert ``rows`` of a record ``kind``, in order: ROWS_PER_STATEMENT at a time, the
-    rest one by one."""
+def insert_rows(
+    conn: sqlite3.Connection, kind: type, run_id: str, rows: Collection[tuple[Any, ...]]
+) -> None:
+    """Insert the value rows (no ``run_id``) of a record ``kind`` for ``run_id``, in order:
+    ROWS_PER_STATEMENT at a time, the rest one by one."""
     table, cols = _TABLES[kind]
-    per = max(1, min(ROWS_PER_STATEMENT, _max_variables(conn) // len(cols)))
+    per = max(1, min(ROWS_PER_STATEMENT, (_max_variables(conn) - 1) // (len(cols) - 1)))
     it = iter(rows)
+    head = (run_id,)
     for _ in range(len(rows) // per if per > 1 else 0):
-        params = list(itertools.chain.from_iterable(itertools.islice(it, per)))
+        params = list(itertools.chain(head, *itertools.islice(it, per)))
         conn.execute(_insert_sql(table, cols, per), params)
-    conn.executemany(_insert_sql(table, cols, 1), it)
+    conn.executemany(_insert_sql(table, cols, 1), ((run_id, *r) for r in it))
 
 
 def _max_variables(conn: sqlite3.Connection) -> int:
@@ -371,13 +363,14 @@ def _max_variables(conn: sqlite3.Connection) -> int:
     return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
 
-_ROW: dict[type, Callable[[str, Any], tuple[Any, ...]]] = {
-    FrameRecord: frame_row,
-    Sample: sample_row,
-    Emission: emission_row,
-    Event: event_row,
-    DeviceSample: gpu_sample_row,
-    ChunkStage: chunk_stage_row,
+#: a record's values, in its table's column order after ``run_id``
+_VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {
+    FrameRecord: frame_values,
+    Sample: sample_values,
+    Emission: emission_values,
+    Event: event_values,
+    DeviceSample: gpu_sample_values,
+    ChunkStage: chunk_stage_values,
 }
 
 
@@ -397,28 +390,41 @@ _KIND = {
 
 class _Pending:
     """Rows not yet committed, by record type, at most ``limit`` of them; what had to be
-    dropped to stay within the bound is counted by kind. Records become rows as they are
-    added: a row of plain values is one object the garbage collector stops scanning, where a
-    record waiting for the flush would be scanned by every collection until then."""
+    dropped to stay within the bound is counted by kind. Records become value rows as they
+    are added (a frame record already is one, unless it has ``extra``): a row of plain
+    values is one object the garbage collector stops scanning, where a record waiting for
+    the flush would be scanned by every collection until then."""
 
-    def __init__(self, run_id: str, limit: int) -> None:
-        self.run_id = run_id
+    def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.rows: dict[type, deque[tuple[Any, ...]]] = {t: deque() for t in _ROW}
+        self.rows: dict[type, deque[tuple[Any, ...]]] = {t: deque() for t in _VALUES}
         self.n = 0
         self.dropped: Counter[str] = Counter()
 
     def add(self, rec: Any) -> None:
         kind = type(rec)
-        self.rows[kind].append(_ROW[kind](self.run_id, rec))
+        self.rows[kind].append(_VALUES[kind](rec))
         self.n += 1
         if self.n > self.limit:
-            for t in _DROP_ORDER:
-                if self.rows[t]:
-                    self.rows[t].popleft()
-                    self.n -= 1
-                    self.dropped[_KIND[t]] += 1
-                    break
+            self._shed()
+
+    def add_frames(self, batch: list[FrameRecord]) -> None:
+        """A driver's batch of frame records, in order."""
+        self.rows[FrameRecord].extend(r if r.extra is None else frame_values(r) for r in batch)
+        self.n += len(batch)
+        while self.n > self.limit and self._shed():
+            pass
+
+    def _shed(self) -> bool:
+        """Drop the oldest row of the first kind in _DROP_ORDER that has one (False when
+        only events are left: those are never dropped)."""
+        for t in _DROP_ORDER:
+            if self.rows[t]:
+                self.rows[t].popleft()
+                self.n -= 1
+                self.dropped[_KIND[t]] += 1
+                return True
+        return False
 
     def clear(self) -> None:
         for d in self.rows.values():
@@ -426,7 +432,7 @@ class _Pending:
         self.n = 0
 
 
-#: each record type's run time (seconds since the run's start), for ``StoreWriter._track``
+#: each record type's run time (seconds since the run's start), for ``StoreWriter._track_time``
 _RUN_TIME: dict[type, Callable[[Any], float | None]] = {
     FrameRecord: operator.attrgetter("t_capture"),
     Sample: operator.attrgetter("t"),
@@ -467,7 +473,7 @@ class StoreWriter:
         self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000 if busy_timeout_s is None else busy_timeout_s
         self.max_backoff_s = max_backoff_s
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._pending = _Pending(run_id, max_pending)
+        self._pending = _Pending(max_pending)
         self._thread = threading.Thread(target=self._loop, name="soakd-store", daemon=True)
         self._abandon = threading.Event()
         self._wake = threading.Event()  # set by close(): the sentinel is queued
@@ -487,6 +493,10 @@ class StoreWriter:
         self, record: FrameRecord | Sample | Emission | Event | DeviceSample | ChunkStage
     ) -> None:
         self._q.put(record)
+
+    def put_frames(self, batch: list[FrameRecord]) -> None:
+        """A driver's batch of frame records, in order (one queue item for the batch)."""
+        self._q.put(batch)
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush everything queued and stop the thread. If the database is still locked
@@ -550,23 +560,28 @@ class StoreWriter:
             self._wake.wait(max(0.0, min(deadline - time.monotonic(), DRAIN_INTERVAL_S)))
         else:
             time.sleep(0)
-        get = self._q.get_nowait
-        for _ in range(DRAIN_CHUNK):
+        get, taken = self._q.get_nowait, 0
+        while taken < DRAIN_CHUNK:
             try:
                 item = get()
             except queue.Empty:
                 return False
             if item is self._STOP:
                 return True
-            self._track(item)
-            self._pending.add(item)
+            if type(item) is list:  # a batch of frame records (put_frames)
+                self._track_time(max(r.t_capture for r in item))
+                self._pending.add_frames(item)
+                taken += len(item)
+            else:
+                self._track_time(_RUN_TIME[type(item)](item))
+                self._pending.add(item)
+                taken += 1
             if self._pending.n >= self.max_batch and self._locked_since is None:
                 return False
         return False
 
-    def _track(self, rec: Any) -> None:
+    def _track_time(self, t: float | None) -> None:
         """Keep the newest run time seen (the time of a ``store_locked`` event)."""
-        t = _RUN_TIME[type(rec)](rec)
         if t is not None and (self._last_t is None or t > self._last_t):
             self._last_t = t
 
@@ -628,7 +643,7 @@ class StoreWriter:
         with atomic(conn):
             for t, rows in self._pending.rows.items():
                 if rows:
-                    insert_rows(conn, t, rows)
+                    insert_rows(conn, t, self.run_id, rows)
         self.rows_written += self._pending.n
         self.flushes += 1
         self._pending.clear()

@@ -31,9 +31,9 @@ GPU_SAMPLE_FIELDS: tuple[str, ...] = (
 GPU_SAMPLE_COLUMNS: tuple[str, ...] = ("run_id", "seq", "t", "gpu", "uuid", *GPU_SAMPLE_FIELDS)
 
 
-def gpu_sample_row(run_id: str, d: DeviceSample) -> tuple[Any, ...]:
+def gpu_sample_values(d: DeviceSample) -> tuple[Any, ...]:
+    """A GPU sample's values in the table's column order after ``run_id``."""
     return (
-        run_id,
         d.seq,
         d.t,
         d.gpu,

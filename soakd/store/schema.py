@@ -11,45 +11,10 @@ import re
 import sqlite3
 import time
 
-from soakd.records import SAMPLE_FIELDS
+from soakd.records import SAMPLE_FIELDS, FrameRecord
 
-FRAME_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "frame_id",
-    "t_sched",
-    "t_capture",
-    "t_dispatch",
-    "t_done",
-    "lateness_ms",
-    "grab_ms",
-    "pre_ms",
-    "infer_ms",
-    "decode_ms",
-    "total_ms",
-    "queue_len",
-    "frame_age_ms",
-    "e2e_ms",
-    "drop_count",
-    "stale_count",
-    "out_tokens",
-    "vision_tokens",
-    "audio_tokens",
-    "error",
-    "first",
-    "warmup",
-    "skipped",
-    "session_dropped",
-    "pending",
-    "output_kind",
-    "output_latency_ms",
-    "first_emit_ms",
-    "emitted",
-    "extra",
-    "stream",
-    "t_consumed",
-    "consume_ms",
-    "consume_output_ms",
-)
+#: the frames table's columns: the run, then a FrameRecord's fields in order (its row)
+FRAME_COLUMNS: tuple[str, ...] = ("run_id", *FrameRecord._fields)
 
 SAMPLE_COLUMNS: tuple[str, ...] = (
     "run_id",

@@ -1,8 +1,9 @@
 """Drivers: the consumer loop of a run, one per workload shape.
 
 The runner owns the pacer, the queue, the sampler, the store and the observers; a driver
-only takes frames (``ctx.next_frame``), calls the workload, and hands back records
-(``ctx.emit``) and events (``ctx.event``). ``drive(ctx)`` returns when ``ctx.stop`` is set,
+only takes frames (``ctx.frames()``), calls the workload, and hands back frame records
+(``ctx.sink``, batched), a generator's other rows (``ctx.emit``) and events
+(``ctx.event``). ``drive(ctx)`` returns when ``ctx.stop`` is set,
 the frame budget is spent, or the source ended; it records errors per frame and never lets a
 workload exception end the run (except where the settings say so, e.g. ``on_oom = "stop"``).
 """

@@ -7,11 +7,12 @@ import errno
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from soakd.clock import Clock
 from soakd.records import ChunkStage, Emission, Event, Frame, FrameRecord
 from soakd.run.queue import StreamQueues
+from soakd.run.sink import FrameSink
 
 if TYPE_CHECKING:
     from soakd.config import Settings
@@ -41,6 +42,13 @@ class Counters:
 W = TypeVar("W")
 
 
+class UnpacedFeed(Protocol):
+    """Frames captured inline, back to back (run/pacer.py: UnpacedGrab, RoundRobin)."""
+
+    def __call__(self) -> Frame: ...
+    def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]: ...
+
+
 @dataclass
 class DriverContext(Generic[W]):
     settings: Settings
@@ -48,10 +56,11 @@ class DriverContext(Generic[W]):
     clock: Clock
     t0_ns: int
     stop: threading.Event
-    emit: Callable[[FrameRecord | Emission | ChunkStage], None]
+    sink: FrameSink  # where each frame's record goes (handed on in batches)
+    emit: Callable[[Emission | ChunkStage], None]  # a generator's other rows, at once
     event: Callable[[Event], None]
     queue: StreamQueues | None  # paced runs: one queue per stream
-    grab: Callable[[], Frame] | None  # unpaced runs: capture inline
+    grab: UnpacedFeed | None  # unpaced runs: capture inline
     warmup_end_ns: int
     max_frames: int | None = None
     counters: Counters = field(default_factory=Counters)
@@ -72,16 +81,16 @@ class DriverContext(Generic[W]):
     def frames(self, timeout: float = 0.1) -> Iterator[tuple[Frame, int]]:
         """Frames to dispatch (with the queue length when taken) until the run stops, the
         queue closes or, unpaced, the source ends: the loop head every driver shares."""
-        stopped, grab = self.stop.is_set, self.grab
-        if grab is not None:  # unpaced: the hot loop of a profile, kept to one call a frame
-            while not stopped():
-                yield grab(), 0
+        stopped = self.stop.is_set
+        if self.grab is not None:  # unpaced: the hot loop of a profile
+            yield from self.grab.frames(stopped)
             return
+        assert self.queue is not None
         while not stopped():
-            got = self.next_frame(timeout)
+            got = self.queue.get(timeout)
             if got is not None:
                 yield got
-            elif self.queue is not None and self.queue.closed:
+            elif self.queue.closed:
                 return
 
     def budget_spent(self) -> bool:
@@ -94,13 +103,13 @@ class DriverContext(Generic[W]):
         """A frame's record with the fields every driver fills the same way (times, lateness,
         grab, queue, age at ``t_taken``, drops, warm-up) and ``fields`` for the shape's own
         (stages, outputs, flags). ``dispatched=False``: skipped, never given to the model."""
-        if "warmup" not in fields:
-            fields["warmup"] = frame.t_capture_ns < self.warmup_end_ns
-        if "drop_count" not in fields:
-            fields["drop_count"] = self.drops_of(frame.stream)
-        if "stale_count" not in fields:
-            fields["stale_count"] = self.counters.stale_by.get(frame.stream, 0)
         t0 = self.t0_ns
+        base: dict[str, Any] = {
+            "warmup": frame.t_capture_ns < self.warmup_end_ns,
+            "drop_count": self.drops_of(frame.stream),
+            "stale_count": self.counters.stale_by.get(frame.stream, 0),
+            "frame_age_ms": (t_taken - frame.t_capture_ns) / 1e6,
+        }
         return FrameRecord(
             frame_id=frame.id,
             t_sched=(frame.t_sched_ns - t0) / 1e9,
@@ -110,9 +119,8 @@ class DriverContext(Generic[W]):
             lateness_ms=(frame.t_capture_ns - frame.grab_ns - frame.t_sched_ns) / 1e6,
             grab_ms=frame.grab_ns / 1e6,
             queue_len=qlen,
-            frame_age_ms=(t_taken - frame.t_capture_ns) / 1e6,
             stream=frame.stream,
-            **fields,
+            **{**base, **fields},
         )
 
     @property

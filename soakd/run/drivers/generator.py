@@ -143,7 +143,7 @@ class _GeneratorDriver:
         self.first = False
         for e in req.rows:
             ctx.emit(e)
-        ctx.emit(rec)
+        ctx.sink.add(rec)
         self.stats.add(req, rec)
         c.in_flight_since_ns = None
         c.last_done_ns = t_done

@@ -175,13 +175,14 @@ class _Session:
             first_emit_ms=em.first_emit_ms,
             emitted=em.idx,
             extra={"chunk": chunk.cond.index, "action": chunk.cond.action},
+            # a chunk's age: its condition's capture -> its first frame out
+            frame_age_ms=None if em.first_ns is None else (em.first_ns - frame.t_capture_ns) / 1e6,
         )
-        rec.frame_age_ms = None if em.first_ns is None else (em.first_ns - frame.t_capture_ns) / 1e6
         for e in em.rows:
             ctx.emit(e)
         for name, ms in chunk.stages.items():
             ctx.emit(ChunkStage(frame.id, name, ms))
-        ctx.emit(rec)
+        ctx.sink.add(rec)
         self.stats.add(em, rec)
         c.in_flight_since_ns = None
         c.last_done_ns = t_end

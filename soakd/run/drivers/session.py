@@ -177,21 +177,23 @@ class _SessionDriver:
     def finish(self, a: _Awaiting) -> None:
         self.by_id.pop(a.rec.frame_id, None)
         self.ctx.counters.done += 1
-        self.ctx.emit(a.rec)
+        self.ctx.sink.add(a.rec)
 
     def _answer(self, a: _Awaiting, t_out: int, kind: str) -> None:
         """The next output after the push: what ``output_latency_ms`` and ``t_done`` time."""
         a.answered = True
-        a.rec.t_done = self.ctx.s(t_out)
-        a.rec.output_kind = kind
-        a.rec.output_latency_ms = (t_out - a.capture_ns) / 1e6
-        a.rec.e2e_ms = (t_out - a.sched_ns) / 1e6
+        a.rec = a.rec._replace(
+            t_done=self.ctx.s(t_out),
+            output_kind=kind,
+            output_latency_ms=(t_out - a.capture_ns) / 1e6,
+            e2e_ms=(t_out - a.sched_ns) / 1e6,
+        )
         self.ctx.counters.last_done_ns = t_out
 
     def _settle(self, a: _Awaiting, t_out: int) -> None:
         """The first output after the model took the frame."""
         assert a.consumed_ns is not None
-        a.rec.consume_output_ms = (t_out - a.consumed_ns) / 1e6
+        a.rec = a.rec._replace(consume_output_ms=(t_out - a.consumed_ns) / 1e6)
         a.settled = True
 
     def _flush(self) -> None:
@@ -223,8 +225,7 @@ class _SessionDriver:
             return
         self.consumed += 1
         a.consumed_ns = c.t_ns
-        a.rec.t_consumed = self.ctx.s(c.t_ns)
-        a.rec.consume_ms = (c.t_ns - a.push_ns) / 1e6
+        a.rec = a.rec._replace(t_consumed=self.ctx.s(c.t_ns), consume_ms=(c.t_ns - a.push_ns) / 1e6)
         k = bisect_left(self.recent, c.t_ns)  # an output already taken that came after it
         if k < len(self.recent):
             self._settle(a, self.recent[k])
@@ -284,18 +285,18 @@ class _SessionDriver:
             res = ctx.workload.push(frame)
         except Exception as exc:
             failed = isinstance(exc, SessionFailed)
-            rec.error = (str(exc) if failed else f"{type(exc).__name__}: {exc}")[:2000]
+            error = (str(exc) if failed else f"{type(exc).__name__}: {exc}")[:2000]
+            a.rec = rec._replace(error=error)
             c.errors += 1
-            ctx.event(ctx.make_event("error", rec.error, frame.id))
+            ctx.event(ctx.make_event("error", error, frame.id))
             self.finish(a)
             if failed:
-                ctx.request_abort(rec.error)
+                ctx.request_abort(error)
             return not failed
         self.pushed += 1
         if res.dropped:
             self.session_dropped += 1
-        rec.session_dropped = self.session_dropped
-        rec.pending = res.pending
+        a.rec = rec._replace(session_dropped=self.session_dropped, pending=res.pending)
         if res.pending is not None:
             self.pending_max = max(self.pending_max, res.pending)
         self.awaiting.append(a)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.records import Frame, FrameRecord, StageOutput
+from soakd.records import Frame, StageOutput
 from soakd.run.drivers.context import DriverContext
+from soakd.run.sink import StagedFrame
 from soakd.workloads.base import StagedWorkload
 
 
@@ -49,32 +50,7 @@ def _fail(ctx: DriverContext[StagedWorkload], exc: Exception, frame_id: int) -> 
     return error
 
 
-#: what ``_run_stages`` returns: pre, infer, decode and total ms (None where a stage did not
-#: finish), the error (or None), the decoded output (or None) and the end time
-_Stages = tuple[float | None, float | None, float | None, float | None, str | None, Any, int]
-
-
-def _run_stages(ctx: DriverContext[StagedWorkload], frame: Frame, t1: int) -> _Stages:
-    """preprocess -> infer -> decode from ``t1``, each ended after ``sync()``."""
-    wl, now = ctx.workload, ctx.clock.now_ns
-    pre = infer = decode = total = None
-    try:
-        inputs = wl.preprocess(frame)
-        wl.sync()
-        t2 = now()
-        pre = (t2 - t1) / 1e6
-        outputs = wl.infer(inputs)
-        wl.sync()
-        t3 = now()
-        infer = (t3 - t2) / 1e6
-        out = wl.decode(outputs)
-        t4 = now()
-        decode = (t4 - t3) / 1e6
-        total = frame.grab_ns / 1e6 + (t4 - t1) / 1e6
-    except Exception as exc:
-        t4 = now()
-        return pre, infer, decode, None, _fail(ctx, exc, frame.id), None, t4
-    return pre, infer, decode, total, None, out, t4
+_NO_OUTPUT = StageOutput()
 
 
 def _skip(
@@ -82,55 +58,84 @@ def _skip(
 ) -> None:
     """A frame older than ``max_age_ms`` at dispatch: recorded as skipped, never run."""
     ctx.counters.skip(frame.stream)
-    ctx.emit(ctx.record(frame, qlen, t, dispatched=False, skipped=True, **flags))
+    ctx.sink.add_now(ctx.record(frame, qlen, t, dispatched=False, skipped=True, **flags))
+
+
+def _failed(
+    ctx: DriverContext[StagedWorkload],
+    frame: Frame,
+    qlen: int,
+    t: tuple[int | None, ...],
+    exc: Exception,
+    **flags: Any,
+) -> None:
+    """A frame whose stage raised: counted, an ``error`` (or ``oom``) event, and its record
+    with the stages that finished (``t``: dispatched, preprocessed, inferred, done)."""
+    t1, t2, t3, t4 = t
+    assert t1 is not None and t4 is not None
+    ms = lambda a, b: None if a is None or b is None else (b - a) / 1e6  # noqa: E731
+    rec = ctx.record(
+        frame, qlen, t1, t_done=(t4 - ctx.t0_ns) / 1e9, pre_ms=ms(t1, t2), infer_ms=ms(t2, t3),
+        e2e_ms=(t4 - frame.t_sched_ns) / 1e6, error=_fail(ctx, exc, frame.id), **flags,
+    )  # fmt: skip
+    ctx.sink.add_now(rec)
 
 
 def drive(ctx: DriverContext[StagedWorkload]) -> None:
-    c, now, emit, record = ctx.counters, ctx.clock.now_ns, ctx.emit, ctx.record
-    max_age_ms = ctx.settings.run.max_age_ms
-    warmup_end, max_frames = ctx.warmup_end_ns, ctx.max_frames
-    first = True
+    """preprocess -> infer -> decode for each frame, each stage ended after ``sync()``.
+
+    The loop is the harness's per-frame cost (bench/overhead.py): it binds what it calls
+    once, reads the clock four times a frame and hands the sink the frame's clock readings
+    as a StagedFrame, which becomes its record with its batch (run/sink.py)."""
+    c, now, sink = ctx.counters, ctx.clock.now_ns, ctx.sink
+    wl = ctx.workload
+    preprocess, infer, decode, sync = wl.preprocess, wl.infer, wl.decode, wl.sync
+    max_age_ns = (ctx.settings.run.max_age_ms or 0) * 1e6
+    warmup_end, max_frames, stale_by = ctx.warmup_end_ns, ctx.max_frames, c.stale_by
+    drops_of = ctx.queue.drops_of if ctx.queue is not None else None
+    add, new, first = sink.add, tuple.__new__, True
     for frame, qlen in ctx.frames(0.1):
-        t_dispatch = now()
-        drops = ctx.drops_of(frame.stream)  # its stream's drops before it was dispatched
-        warm = first or frame.t_capture_ns < warmup_end
-        if max_age_ms and not first and (t_dispatch - frame.t_capture_ns) / 1e6 > max_age_ms:
-            _skip(ctx, frame, qlen, t_dispatch, drop_count=drops, warmup=warm)
+        t1 = now()  # dispatched
+        stream, t_cap = frame.stream, frame.t_capture_ns
+        drops = drops_of(stream) if drops_of is not None else 0  # before it was dispatched
+        warm = first or t_cap < warmup_end
+        if max_age_ns and not first and t1 - t_cap > max_age_ns:
+            _skip(ctx, frame, qlen, t1, drop_count=drops, warmup=warm)
             continue
         c.dispatched += 1
-        c.in_flight_since_ns, c.in_flight_stream = t_dispatch, frame.stream
-        pre, infer, decode, total, error, out, t_done = _run_stages(ctx, frame, t_dispatch)
-        c.in_flight_since_ns = None
-        c.last_done_ns = t_done
-        c.done += 1
-        rec = record(
-            frame,
-            qlen,
-            t_dispatch,
-            t_done=(t_done - ctx.t0_ns) / 1e9,
-            pre_ms=pre,
-            infer_ms=infer,
-            decode_ms=decode,
-            total_ms=total,
-            e2e_ms=(t_done - frame.t_sched_ns) / 1e6,
-            drop_count=drops,
-            error=error,
-            first=first,
-            warmup=warm,
-        )
-        if out is not None:
-            _add_output(rec, out, ctx.summary if first else None)
-        emit(rec)
+        c.in_flight_since_ns, c.in_flight_stream = t1, stream
+        t2 = t3 = None
+        try:
+            inputs = preprocess(frame)
+            sync()
+            t2 = now()
+            outputs = infer(inputs)
+            sync()
+            t3 = now()
+            out = decode(outputs)
+            t4 = now()
+        except Exception as exc:
+            t4 = now()
+            c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
+            _failed(ctx, frame, qlen, (t1, t2, t3, t4), exc, drop_count=drops, first=first,
+                    warmup=warm)  # fmt: skip
+            first = False
+            continue
+        c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
+        if out is None:  # a decode that returns nothing: no counts
+            out = _NO_OUTPUT
+        if first and out.text is not None:
+            ctx.summary["sample_output"] = out.text[:500]
+        add(
+            new(
+                StagedFrame,
+                (
+                    frame.id, stream, frame.t_sched_ns, t_cap, frame.grab_ns, t1, t2, t3, t4,
+                    qlen, drops, stale_by.get(stream, 0), out.tokens, out.vision_tokens,
+                    out.audio_tokens, out.extra, first, warm,
+                ),
+            )
+        )  # fmt: skip
         first = False
         if max_frames is not None and c.done >= max_frames:  # the budget (ctx.budget_spent)
             return
-
-
-def _add_output(rec: FrameRecord, out: StageOutput, summary: dict[str, Any] | None) -> None:
-    """The decoded output's counts on the record; the first frame's text in ``summary``."""
-    rec.out_tokens = out.tokens
-    rec.vision_tokens = out.vision_tokens
-    rec.audio_tokens = out.audio_tokens
-    rec.extra = out.extra
-    if summary is not None and out.text is not None:
-        summary["sample_output"] = out.text[:500]
