@@ -205,13 +205,13 @@ class RoundRobin:
         return grab()
 
     def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]:
-        feeds = [g.frames(stopped) for g in self.grabs]
-        while True:
-            for feed in feeds:  # each grabbed right before it is dispatched, as one stream's
-                got = next(feed, None)
-                if got is None:
-                    return
-                yield got
+        takes = [g.frames(stopped).__next__ for g in self.grabs]
+        try:
+            while True:
+                for take in takes:  # each read right before it is dispatched, as one stream's
+                    yield take()
+        except StopIteration:  # stopped
+            return
 
     @property
     def captured(self) -> int:
