@@ -165,3 +165,29 @@ def test_the_staged_driver_times_each_stage_and_records_an_error_in_its_place() 
     assert got[2].error == "ValueError: planted" and got[2].total_ms is None
     assert [r.first for r in got] == [True, False, False, False, False]
     assert ctx.summary["sample_output"] == "f0" and ctx.counters.done == 5
+
+
+class _Broken(_Stages):
+    def infer(self, frame: Frame) -> Frame:
+        raise RuntimeError("always")
+
+
+def test_a_frame_budget_ends_the_staged_driver_even_when_every_frame_fails() -> None:
+    clock = FakeClock(start_ns=T0)
+    got: list[FrameRecord] = []
+    grab = UnpacedGrab(
+        lambda: (np.zeros((4, 4, 3), np.uint8), None), fps=10, clock=clock, on_end=print
+    )
+    ctx = _ctx(
+        FrameSink(got.extend, T0), workload=_Broken(clock), clock=clock, grab=grab, max_frames=3
+    )
+    driver = threading.Thread(target=get_driver("staged"), args=(ctx,), daemon=True)
+    driver.start()
+    driver.join(10)
+    ran_on = driver.is_alive()  # past the budget: only the stop event would end it
+    ctx.stop.set()
+    driver.join(5)
+    assert not ran_on
+    ctx.sink.drain()
+    assert [r.error for r in got] == ["RuntimeError: always"] * 3
+    assert ctx.counters.errors == ctx.counters.done == 3

@@ -119,23 +119,22 @@ def drive(ctx: DriverContext[StagedWorkload]) -> None:
             c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
             _failed(ctx, frame, qlen, (t1, t2, t3, t4), exc, drop_count=drops, first=first,
                     warmup=warm)  # fmt: skip
-            first = False
-            continue
-        c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
-        if out is None:  # a decode that returns nothing: no counts
-            out = _NO_OUTPUT
-        if first and out.text is not None:
-            ctx.summary["sample_output"] = out.text[:500]
-        add(
-            new(
-                StagedFrame,
-                (
-                    frame.id, stream, frame.t_sched_ns, t_cap, frame.grab_ns, t1, t2, t3, t4,
-                    qlen, drops, stale_by.get(stream, 0), out.tokens, out.vision_tokens,
-                    out.audio_tokens, out.extra, first, warm,
-                ),
-            )
-        )  # fmt: skip
+        else:
+            c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
+            if out is None:  # a decode that returns nothing: no counts
+                out = _NO_OUTPUT
+            if first and out.text is not None:
+                ctx.summary["sample_output"] = out.text[:500]
+            add(
+                new(
+                    StagedFrame,
+                    (
+                        frame.id, stream, frame.t_sched_ns, t_cap, frame.grab_ns, t1, t2, t3,
+                        t4, qlen, drops, stale_by.get(stream, 0), out.tokens,
+                        out.vision_tokens, out.audio_tokens, out.extra, first, warm,
+                    ),
+                )
+            )  # fmt: skip
         first = False
         if max_frames is not None and c.done >= max_frames:  # the budget (ctx.budget_spent)
             return
