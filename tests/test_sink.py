@@ -146,17 +146,32 @@ class _Stages:
         return None
 
 
-def test_the_staged_driver_times_each_stage_and_records_an_error_in_its_place() -> None:
+def _drive_staged(
+    workload: type[_Stages], max_frames: int
+) -> tuple[DriverContext[Any], list[FrameRecord], bool]:
+    """The staged driver over an unpaced feed on a fake clock, in its own thread; the
+    records it handed on, and whether it was still running 10 s later."""
     clock = FakeClock(start_ns=T0)
     got: list[FrameRecord] = []
     grab = UnpacedGrab(
         lambda: (np.zeros((4, 4, 3), np.uint8), None), fps=10, clock=clock, on_end=print
     )
     ctx = _ctx(
-        FrameSink(got.extend, T0), workload=_Stages(clock), clock=clock, grab=grab, max_frames=5
-    )
-    get_driver("staged")(ctx)
+        FrameSink(got.extend, T0), workload=workload(clock), clock=clock, grab=grab,
+        max_frames=max_frames,
+    )  # fmt: skip
+    driver = threading.Thread(target=get_driver("staged"), args=(ctx,), daemon=True)
+    driver.start()
+    driver.join(10)
+    ran_on = driver.is_alive()  # past the budget: only the stop event would end it
+    ctx.stop.set()
+    driver.join(5)
     ctx.sink.drain()
+    return ctx, got, ran_on
+
+
+def test_the_staged_driver_times_each_stage_and_records_an_error_in_its_place() -> None:
+    ctx, got, _ = _drive_staged(_Stages, 5)
     assert [r.frame_id for r in got] == [0, 1, 2, 3, 4]
     assert [r.infer_ms for r in got] == [20.0, 20.001, None, 20.003, 20.004]
     assert [r.pre_ms for r in got] == [1.0] * 5
@@ -173,21 +188,7 @@ class _Broken(_Stages):
 
 
 def test_a_frame_budget_ends_the_staged_driver_even_when_every_frame_fails() -> None:
-    clock = FakeClock(start_ns=T0)
-    got: list[FrameRecord] = []
-    grab = UnpacedGrab(
-        lambda: (np.zeros((4, 4, 3), np.uint8), None), fps=10, clock=clock, on_end=print
-    )
-    ctx = _ctx(
-        FrameSink(got.extend, T0), workload=_Broken(clock), clock=clock, grab=grab, max_frames=3
-    )
-    driver = threading.Thread(target=get_driver("staged"), args=(ctx,), daemon=True)
-    driver.start()
-    driver.join(10)
-    ran_on = driver.is_alive()  # past the budget: only the stop event would end it
-    ctx.stop.set()
-    driver.join(5)
+    ctx, got, ran_on = _drive_staged(_Broken, 3)
     assert not ran_on
-    ctx.sink.drain()
     assert [r.error for r in got] == ["RuntimeError: always"] * 3
     assert ctx.counters.errors == ctx.counters.done == 3
