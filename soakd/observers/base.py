@@ -3,7 +3,7 @@ run without the runner knowing about any of them.
 
 The runner calls every hook from its own threads; a hook must be quick and must not raise
 (an observer that raises is logged once and dropped, the run goes on). Frame records come
-in batches (``on_frames``: by default ``on_frame`` for each, at most 50 ms or 64 frames
+in batches (``on_frames``: by default ``on_frame`` for each, at most 50 ms or 256 frames
 after the frame finished); ``on_frame`` and ``on_sample`` are on the hot path: keep them
 allocation-light.
 """
