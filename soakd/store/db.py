@@ -338,8 +338,9 @@ def _insert_sql(table: str, cols: tuple[str, ...], rows: int) -> str:
     one statement each would). ``cols[0]`` is ``run_id``, bound once as ``?1``; each row's
     values (the other columns) follow in numbered parameters."""
     k = len(cols) - 1
-    one = lambda r: "(?1, " + ", ".join(f"?{2 + r * k + c}" for c in range(k)) + ")"  # noqa: E731
-    values = ", ".join(one(r) for r in range(rows))
+    values = ", ".join(
+        "(?1, " + ", ".join(f"?{2 + r * k + c}" for c in range(k)) + ")" for r in range(rows)
+    )
     return f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) VALUES {values}"
 
 

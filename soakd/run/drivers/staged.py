@@ -53,6 +53,11 @@ def _fail(ctx: DriverContext[StagedWorkload], exc: Exception, frame_id: int) -> 
 _NO_OUTPUT = StageOutput()
 
 
+def _ms(start: int | None, end: int | None) -> float | None:
+    """A stage's milliseconds, or None when it did not finish."""
+    return None if start is None or end is None else (end - start) / 1e6
+
+
 def _skip(
     ctx: DriverContext[StagedWorkload], frame: Frame, qlen: int, t: int, **flags: Any
 ) -> None:
@@ -73,10 +78,10 @@ def _failed(
     with the stages that finished (``t``: dispatched, preprocessed, inferred, done)."""
     t1, t2, t3, t4 = t
     assert t1 is not None and t4 is not None
-    ms = lambda a, b: None if a is None or b is None else (b - a) / 1e6  # noqa: E731
     rec = ctx.record(
-        frame, qlen, t1, t_done=(t4 - ctx.t0_ns) / 1e9, pre_ms=ms(t1, t2), infer_ms=ms(t2, t3),
-        e2e_ms=(t4 - frame.t_sched_ns) / 1e6, error=_fail(ctx, exc, frame.id), **flags,
+        frame, qlen, t1, t_done=(t4 - ctx.t0_ns) / 1e9, pre_ms=_ms(t1, t2),
+        infer_ms=_ms(t2, t3), e2e_ms=(t4 - frame.t_sched_ns) / 1e6,
+        error=_fail(ctx, exc, frame.id), **flags,
     )  # fmt: skip
     ctx.sink.add_now(rec)
 
