@@ -102,7 +102,8 @@ class DriverContext(Generic[W]):
     ) -> FrameRecord:
         """A frame's record with the fields every driver fills the same way (times, lateness,
         grab, queue, age at ``t_taken``, drops, warm-up) and ``fields`` for the shape's own
-        (stages, outputs, flags). ``dispatched=False``: skipped, never given to the model."""
+        (stages, outputs, flags), which may also replace those (a rollout chunk's age).
+        ``dispatched=False``: skipped, never given to the model."""
         t0 = self.t0_ns
         base: dict[str, Any] = {
             "warmup": frame.t_capture_ns < self.warmup_end_ns,
