@@ -167,8 +167,8 @@ MUTANTS = (
            "raise typer.Exit(execute_run(settings, live=use_live))",
            "execute_run(settings, live=use_live)", (EXITS,)),
     Mutant("frame age from the deadline", CTX,
-           '"frame_age_ms": (t_taken - frame.t_capture_ns) / 1e6,',
-           '"frame_age_ms": (t_taken - frame.t_sched_ns) / 1e6,', (EXITS,)),
+           'fields["frame_age_ms"] = (t_taken - frame.t_capture_ns) / 1e6',
+           'fields["frame_age_ms"] = (t_taken - frame.t_sched_ns) / 1e6', (EXITS,)),
     Mutant("staged frame age from the deadline", SINK, "ms[6], ms[7], c[10]",
            "ms[7], ms[7], c[10]", (SINK_TESTS,)),
 )  # fmt: skip

@@ -161,7 +161,6 @@ class UnpacedGrab:
         self.audio_rate = audio_rate or 0
         self.captured = 0
         self.stream, self.streams = stream, streams
-        self._now = clock.now_ns
 
     def _audio_chunk(self, k: int) -> np.ndarray | None:
         if self.audio is None:
@@ -169,14 +168,10 @@ class UnpacedGrab:
         per = self.audio_rate * self.period_ns
         return self.audio.read(int((k + 1) * per // 1_000_000_000 - k * per // 1_000_000_000))
 
-    def __call__(self) -> Frame:
-        """One frame (a driver that takes frames one at a time: ``next_frame``)."""
-        return next(self.frames(lambda: False))[0]
-
     def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]:
         """Frames back to back, each with queue length 0, until ``stopped()``: the driver's
         unpaced loop head, its state kept in locals (the harness's per-frame cost)."""
-        read, now, on_end, audio = self.read, self._now, self.on_end, self.audio
+        read, now, on_end, audio = self.read, self.clock.now_ns, self.on_end, self.audio
         s, n, period = self.stream, self.streams, self.period_ns
         while not stopped():
             k = self.captured
@@ -197,12 +192,6 @@ class RoundRobin:
 
     def __init__(self, grabs: list[UnpacedGrab]) -> None:
         self.grabs = grabs
-        self._next = 0
-
-    def __call__(self) -> Frame:
-        grab = self.grabs[self._next]
-        self._next = (self._next + 1) % len(self.grabs)
-        return grab()
 
     def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]:
         takes = [g.frames(stopped).__next__ for g in self.grabs]

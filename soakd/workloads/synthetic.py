@@ -78,7 +78,6 @@ class Synthetic:
             or settings.error_every
             or settings.error_stream is not None
         )
-        self._pre_ms, self._decode_ms = settings.pre_ms, settings.decode_ms
 
     # --- helpers
     def _elapsed(self) -> float:
@@ -118,8 +117,8 @@ class Synthetic:
         self._elapsed()
 
     def preprocess(self, frame: Frame) -> Any:
-        if self._pre_ms > 0:  # a 0 ms stage draws no noise and does not sleep
-            self._sleep(self._noisy(self._pre_ms))
+        if self.s.pre_ms > 0:  # a 0 ms stage draws no noise and does not sleep
+            self._sleep(self._noisy(self.s.pre_ms))
         return frame.stream
 
     def infer(self, inputs: Any) -> Any:
@@ -156,8 +155,8 @@ class Synthetic:
                 raise SyntheticError(f"planted error on stream {stream}")
 
     def decode(self, outputs: Any) -> StageOutput:
-        if self._decode_ms > 0:
-            self._sleep(self._noisy(self._decode_ms))
+        if self.s.decode_ms > 0:
+            self._sleep(self._noisy(self.s.decode_ms))
         return StageOutput(f"frame {outputs}", 1)  # text, tokens
 
     def sync(self) -> None:

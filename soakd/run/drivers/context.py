@@ -45,7 +45,6 @@ W = TypeVar("W")
 class UnpacedFeed(Protocol):
     """Frames captured inline, back to back (run/pacer.py: UnpacedGrab, RoundRobin)."""
 
-    def __call__(self) -> Frame: ...
     def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]: ...
 
 
@@ -66,6 +65,8 @@ class DriverContext(Generic[W]):
     counters: Counters = field(default_factory=Counters)
     summary: dict[str, Any] = field(default_factory=dict)  # kind-specific summary entries
     request_abort: Callable[[str], None] = lambda reason: None
+    #: the unpaced feed's one iterator, shared by ``frames`` and ``next_frame``
+    _unpaced: Iterator[tuple[Frame, int]] | None = field(default=None, init=False, repr=False)
 
     def s(self, ns: int) -> float:
         """Monotonic ns -> seconds since the run's start."""
@@ -74,16 +75,22 @@ class DriverContext(Generic[W]):
     def next_frame(self, timeout: float = 0.1) -> tuple[Frame, int] | None:
         """The next frame to dispatch and the queue length when it was taken."""
         if self.grab is not None:
-            return self.grab(), 0
+            return next(self._unpaced_frames(), None)
         assert self.queue is not None
         return self.queue.get(timeout)
+
+    def _unpaced_frames(self) -> Iterator[tuple[Frame, int]]:
+        assert self.grab is not None
+        if self._unpaced is None:
+            self._unpaced = self.grab.frames(self.stop.is_set)
+        return self._unpaced
 
     def frames(self, timeout: float = 0.1) -> Iterator[tuple[Frame, int]]:
         """Frames to dispatch (with the queue length when taken) until the run stops, the
         queue closes or, unpaced, the source ends: the loop head every driver shares."""
         stopped = self.stop.is_set
         if self.grab is not None:  # unpaced: the hot loop of a profile
-            yield from self.grab.frames(stopped)
+            yield from self._unpaced_frames()
             return
         assert self.queue is not None
         while not stopped():
@@ -104,13 +111,15 @@ class DriverContext(Generic[W]):
         grab, queue, age at ``t_taken``, drops, warm-up) and ``fields`` for the shape's own
         (stages, outputs, flags), which may also replace those (a rollout chunk's age).
         ``dispatched=False``: skipped, never given to the model."""
+        if "warmup" not in fields:
+            fields["warmup"] = frame.t_capture_ns < self.warmup_end_ns
+        if "drop_count" not in fields:
+            fields["drop_count"] = self.drops_of(frame.stream)
+        if "stale_count" not in fields:
+            fields["stale_count"] = self.counters.stale_by.get(frame.stream, 0)
+        if "frame_age_ms" not in fields:
+            fields["frame_age_ms"] = (t_taken - frame.t_capture_ns) / 1e6
         t0 = self.t0_ns
-        base: dict[str, Any] = {
-            "warmup": frame.t_capture_ns < self.warmup_end_ns,
-            "drop_count": self.drops_of(frame.stream),
-            "stale_count": self.counters.stale_by.get(frame.stream, 0),
-            "frame_age_ms": (t_taken - frame.t_capture_ns) / 1e6,
-        }
         return FrameRecord(
             frame_id=frame.id,
             t_sched=(frame.t_sched_ns - t0) / 1e9,
@@ -121,7 +130,7 @@ class DriverContext(Generic[W]):
             grab_ms=frame.grab_ns / 1e6,
             queue_len=qlen,
             stream=frame.stream,
-            **{**base, **fields},
+            **fields,
         )
 
     @property
