@@ -438,6 +438,74 @@ class MatrixGameWorkloadSettings(_Section):
     response_timeout_s: Duration = Field(300.0, gt=0)  # no emit or chunk for this long = stall
 
 
+def _check_base_url(v: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http(s):// URL such as 'http://127.0.0.1:8000/v1', got {v!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"must not carry a query or fragment, got {v!r}")
+    return v.rstrip("/")
+
+
+BaseUrl = Annotated[str, AfterValidator(_check_base_url)]
+
+
+class OpenAIWorkloadSettings(_Section):
+    """A model served behind an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM,
+    SGLang, TGI, llama.cpp's server, ``transformers serve``, Ollama), driven over HTTP."""
+
+    kind: Literal["openai"] = "openai"
+    base_url: BaseUrl = "http://127.0.0.1:8000/v1"  # the API root: <base_url>/chat/completions
+    model: str | None = None  # None: the first model <base_url>/models lists
+    prompt: str = "Describe what is happening in this frame."
+    system_prompt: str | None = None
+    max_tokens: int = Field(16, ge=1, le=65536)
+    temperature: float = Field(0.0, ge=0, le=2)
+    stream: bool = True  # SSE: time to first token (infer) and the rest of the stream (decode)
+    frames_per_request: int = Field(1, ge=1, le=64)  # the last N frames as N images (a clip)
+    jpeg_quality: int = Field(85, ge=1, le=100)
+    short_side: int | None = Field(None, ge=14, le=8192)  # resize before encoding; None: as captured
+    # merged into the request body (e.g. mm_processor_kwargs, ignore_eos, top_k); may not
+    # repeat a key soakd sets itself
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    api_key_env: str | None = None  # the environment variable holding the API key (never stored)
+    # requests in flight, one per stream: sets run.streams when it is left at 1
+    concurrency: int | None = Field(None, ge=1, le=MAX_STREAMS)
+    request_timeout_s: Duration = Field(60.0, gt=0, le=86_400)  # one request, connect to last byte
+    ready_timeout_s: Duration = Field(60.0, gt=0, le=86_400)  # setup: wait this long for the server
+    # the server unreachable (refused, reset, timed out) for this long ends the run (INVALID)
+    unreachable_timeout_s: Duration = Field(30.0, gt=0, le=86_400)
+
+    @field_validator("extra_body")
+    @classmethod
+    def _own_body_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in OPENAI_OWN_KEYS:
+                raise ValueError(f"{key!r} is set by soakd: use workload.{OPENAI_OWN_KEYS[key]}")
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"must name an environment variable, got {v!r}")
+        return v
+
+
+#: request body keys soakd sets itself -> the [workload] key that sets them
+OPENAI_OWN_KEYS: dict[str, str] = {
+    "model": "model",
+    "messages": "prompt",
+    "max_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "temperature": "temperature",
+    "stream": "stream",
+    "stream_options": "stream",
+}
+
+
 class _DeclaredDevice(_Section):
     """A workload soakd does not build itself declares where it runs, so the run samples
     that GPU (NVML, torch allocator) and judges its memory: ``device`` (``cuda:N``) or a
@@ -493,6 +561,7 @@ BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
     "generator": GeneratorWorkloadSettings,
     "av": AvWorkloadSettings,
     "matrix_game": MatrixGameWorkloadSettings,
+    "openai": OpenAIWorkloadSettings,
     "python": PythonWorkload,
 }
 
@@ -504,6 +573,7 @@ WorkloadSettings = (
     | GeneratorWorkloadSettings
     | AvWorkloadSettings
     | MatrixGameWorkloadSettings
+    | OpenAIWorkloadSettings
     | PythonWorkload
     | PluginWorkload
 )
@@ -666,6 +736,10 @@ class CriteriaSettings(_Section):
     # <= 1000 / content_fps) and the longest wait for the first output; None: not judged
     content_fps: float | None = Field(None, gt=0, le=1000)
     max_first_output_ms: float | None = Field(None, gt=0)
+    # served models (server_queue): the server's waiting requests may not rise faster than
+    # this many a minute, its KV-cache use (0-1) not faster than this share a minute
+    max_server_queue_slope_per_min: float = Field(1.0, ge=0)
+    max_kv_cache_slope_per_min: float = Field(0.01, ge=0, le=1)
     alpha: float = Field(0.01, gt=0, lt=0.5)  # significance level of the trend tests
     # k6-style "STAT(COLUMN) OP NUMBER" checks, each its own criterion (docs/verdict.md)
     thresholds: tuple[Annotated[ThresholdSettings, BeforeValidator(_threshold_item)], ...] = ()
@@ -676,6 +750,60 @@ class CriteriaSettings(_Section):
         if isinstance(v, int | float) and v < 1:
             raise ValueError(f"must be >= 1 or 'history', got {v}")
         return v
+
+
+#: the server gauges and counters soakd stores when the server exports them (vLLM, SGLang)
+SERVER_METRIC_PRESETS: dict[str, tuple[str, ...]] = {
+    "vllm": (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+    ),
+    "sglang": ("sglang:token_usage", "sglang:num_queue_reqs", "sglang:num_running_reqs"),
+}
+#: what ``server_queue`` judges: the server's waiting requests, and its KV-cache use (0-1)
+SERVER_WAITING_METRICS: tuple[str, ...] = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+SERVER_KV_METRICS: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "sglang:token_usage")
+
+
+def _check_metric_name(v: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", v):
+        raise ValueError(f"not a Prometheus metric name: {v!r}")
+    return v
+
+
+class TelemetrySettings(_Section):
+    """``[telemetry]``: what is sampled besides soakd's own process and GPUs: the model
+    server's processes and its Prometheus metrics (``kind = "openai"`` workloads)."""
+
+    # the server's process (with its children): by pid, by systemd unit (its cgroup), or
+    # "auto": the process listening on the endpoint's port on this host; "off": a remote
+    # server, whose memory is then not judged (memory_server_rss is n/a, and says why)
+    server_pid: int | None = Field(None, ge=1)
+    server_unit: str | None = None
+    server_process: Literal["auto", "off"] = "auto"
+    # the server's Prometheus endpoint; None: <scheme://host:port>/metrics when it answers
+    # at setup; "off": not scraped
+    server_metrics_url: str | None = None
+    # the gauges and counters stored from it (server_metrics table), when it exports them
+    server_metrics: tuple[Annotated[str, AfterValidator(_check_metric_name)], ...] = tuple(
+        name for names in SERVER_METRIC_PRESETS.values() for name in names
+    )
+
+    @field_validator("server_unit")
+    @classmethod
+    def _unit(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\w@:.\\-]+", v):
+            raise ValueError(f"not a systemd unit name: {v!r}")
+        return v
+
+    @field_validator("server_metrics_url")
+    @classmethod
+    def _metrics_url(cls, v: str | None) -> str | None:
+        if v is None or v == "off":
+            return v
+        return _check_base_url(v)
 
 
 class ServiceSettings(_Section):
@@ -694,7 +822,27 @@ class Settings(_Section):
     audio: AudioSettings = AudioSettings()
     workload: WorkloadSettings = Field(default_factory=lambda: TinyVlmWorkload())
     criteria: CriteriaSettings = CriteriaSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     service: ServiceSettings = ServiceSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _concurrency_is_streams(cls, data: Any) -> Any:
+        """``workload.concurrency = N`` (openai): N requests in flight, one per stream, so
+        it sets ``run.streams`` (left at 1), or must agree with it."""
+        if not isinstance(data, Mapping):
+            return data
+        wl, run = data.get("workload"), data.get("run")
+        n = wl.get("concurrency") if isinstance(wl, Mapping) else None
+        if not isinstance(n, int) or isinstance(n, bool) or not isinstance(run, Mapping | None):
+            return data
+        streams = (run or {}).get("streams", 1)
+        if streams in (1, n):
+            return {**data, "run": {**(run or {}), "streams": n}}
+        raise ValueError(
+            f"workload.concurrency: {n} requests in flight need run.streams = {n} (one per "
+            f"stream), got run.streams = {streams}: set one of them"
+        )
 
     @field_validator("workload", mode="wrap")
     @classmethod
@@ -742,7 +890,7 @@ class Settings(_Section):
 
     def config_hash(self) -> str:
         """A hash of everything that changes what is measured: all sections but the run's
-        name, labels, duration and db, and the service settings. Runs with the same hash are
+        name, labels, duration and db, the criteria, telemetry and service settings. Runs with the same hash are
         comparable (``jitter_k = "history"`` draws on them). One stream hashes as it did
         before ``run.streams`` existed."""
         d = self.to_dict()
@@ -754,6 +902,7 @@ class Settings(_Section):
             d["run"].pop("gpus")
         d.pop("service", None)
         d.pop("criteria", None)
+        d.pop("telemetry", None)  # what else is sampled, not what is measured
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

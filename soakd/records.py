@@ -145,6 +145,8 @@ class Sample:
     values: dict[str, float | int | None] = field(default_factory=dict)
     # one reading per GPU the run uses (run.gpus), when it uses several; else empty
     devices: tuple[DeviceSample, ...] = ()
+    # the model server's Prometheus gauges and counters read at this tick (served models)
+    server: tuple[ServerMetric, ...] = ()
 
 
 @dataclass(slots=True)
@@ -163,6 +165,20 @@ class DeviceSample:
     proc_mem_bytes: int | None = None  # this process's memory on the device
     temp_c: float | None = None
     power_w: float | None = None
+
+
+@dataclass(slots=True)
+class ServerMetric:
+    """One series of the model server's own Prometheus metrics at one telemetry tick
+    (``server_metrics`` table): ``name`` as exported (``vllm:num_requests_waiting``),
+    ``labels`` its label set as ``k="v",...`` sorted by key ("" for none); ``seq`` and ``t``
+    are those of the tick's ``Sample``."""
+
+    seq: int
+    t: float
+    name: str
+    labels: str
+    value: float
 
 
 @dataclass(slots=True)
@@ -198,6 +214,12 @@ SAMPLE_FIELDS: tuple[str, ...] = (
     "torch_max_reserved_bytes",
     "torch_alloc_retries",
     "torch_ooms",
+    # a served model's server (kind = "openai"): its process and children, found by
+    # telemetry.server_pid / server_unit / the endpoint's port (soakd.telemetry.server)
+    "server_rss_bytes",
+    "server_cpu_pct",
+    "server_cgroup_mem_bytes",  # the unit's cgroup memory.current (telemetry.server_unit)
+    "server_gpu_mem_bytes",  # NVML: GPU memory of the server's processes
 )
 
 
@@ -212,4 +234,8 @@ SAMPLE_METRICS: tuple[str, ...] = (
     "torch_allocated_bytes",
     "torch_reserved_bytes",
     "torch_ooms",
+    "server_rss_bytes",
+    "server_cpu_pct",
+    "server_cgroup_mem_bytes",
+    "server_gpu_mem_bytes",
 )

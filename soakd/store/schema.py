@@ -39,8 +39,12 @@ EMISSION_COLUMNS: tuple[str, ...] = (
 
 EVENT_COLUMNS: tuple[str, ...] = ("run_id", "t", "wall", "kind", "frame_id", "message", "data")
 
+#: the samples table's telemetry columns as migration 0001 created them (later ones are
+#: added by their own migrations: a released migration never changes)
+_INITIAL_SAMPLE_FIELDS: tuple[str, ...] = SAMPLE_FIELDS[: SAMPLE_FIELDS.index("torch_ooms") + 1]
 _sample_cols_sql = ",\n    ".join(
-    f"{c} {'REAL' if c.endswith(('_pct', '_w', '_c')) else 'INTEGER'}" for c in SAMPLE_FIELDS
+    f"{c} {'REAL' if c.endswith(('_pct', '_w', '_c')) else 'INTEGER'}"
+    for c in _INITIAL_SAMPLE_FIELDS
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -343,6 +347,29 @@ CREATE TABLE chunk_stages (
     name TEXT NOT NULL,
     ms REAL NOT NULL,
     PRIMARY KEY (run_id, frame_id, name)
+) WITHOUT ROWID;
+""",
+    ),
+    (
+        "0009_server_telemetry",
+        """
+-- served models (workload kind = "openai"): the model server's processes (with their
+-- children) sampled beside soakd's own, NULL for an in-process workload or a remote server
+ALTER TABLE samples ADD COLUMN server_rss_bytes INTEGER;
+ALTER TABLE samples ADD COLUMN server_cpu_pct REAL;
+ALTER TABLE samples ADD COLUMN server_cgroup_mem_bytes INTEGER;
+ALTER TABLE samples ADD COLUMN server_gpu_mem_bytes INTEGER;
+-- the server's own Prometheus gauges and counters at each telemetry tick (telemetry.
+-- server_metrics: vLLM's and SGLang's queue and KV-cache series by default); seq joins
+-- samples.seq; labels is the series' label set as k="v",... sorted by key, '' for none
+CREATE TABLE server_metrics (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    t REAL NOT NULL,
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL DEFAULT '',
+    value REAL,
+    PRIMARY KEY (run_id, name, labels, seq)
 ) WITHOUT ROWID;
 """,
     ),
