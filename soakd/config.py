@@ -466,7 +466,9 @@ class OpenAIWorkloadSettings(_Section):
     stream: bool = True  # SSE: time to first token (infer) and the rest of the stream (decode)
     frames_per_request: int = Field(1, ge=1, le=64)  # the last N frames as N images (a clip)
     jpeg_quality: int = Field(85, ge=1, le=100)
-    short_side: int | None = Field(None, ge=14, le=8192)  # resize before encoding; None: as captured
+    short_side: int | None = Field(
+        None, ge=14, le=8192
+    )  # resize before encoding; None: as captured
     # merged into the request body (e.g. mm_processor_kwargs, ignore_eos, top_k); may not
     # repeat a key soakd sets itself
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -756,6 +758,7 @@ class CriteriaSettings(_Section):
 SERVER_METRIC_PRESETS: dict[str, tuple[str, ...]] = {
     "vllm": (
         "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",  # its name before vLLM's V1 engine
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:num_preemptions_total",
@@ -764,7 +767,11 @@ SERVER_METRIC_PRESETS: dict[str, tuple[str, ...]] = {
 }
 #: what ``server_queue`` judges: the server's waiting requests, and its KV-cache use (0-1)
 SERVER_WAITING_METRICS: tuple[str, ...] = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-SERVER_KV_METRICS: tuple[str, ...] = ("vllm:kv_cache_usage_perc", "sglang:token_usage")
+SERVER_KV_METRICS: tuple[str, ...] = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+)
 
 
 def _check_metric_name(v: str) -> str:
@@ -890,9 +897,9 @@ class Settings(_Section):
 
     def config_hash(self) -> str:
         """A hash of everything that changes what is measured: all sections but the run's
-        name, labels, duration and db, the criteria, telemetry and service settings. Runs with the same hash are
-        comparable (``jitter_k = "history"`` draws on them). One stream hashes as it did
-        before ``run.streams`` existed."""
+        name, labels, duration and db, the criteria, telemetry and service settings. Runs
+        with the same hash are comparable (``jitter_k = "history"`` draws on them). One
+        stream hashes as it did before ``run.streams`` existed."""
         d = self.to_dict()
         for k in ("name", "duration", "db", "log_every", "labels"):
             d["run"].pop(k, None)

@@ -21,6 +21,7 @@ from soakd.store import rundata as q
 from soakd.store.chunk_stages import load_stage_columns
 from soakd.store.gpu_samples import load_gpu_columns
 from soakd.store.runs import RunRow, get_run
+from soakd.store.server_metrics import load_server_metrics
 
 __all__ = ["RunData", "RunMeta", "load_run_data", "make_run_data"]
 
@@ -36,9 +37,11 @@ def make_run_data(
     events: list[dict[str, Any]] | None = None,
     error_messages: list[tuple[str, int]] | None = None,
     stages: dict[str, Any] | None = None,
+    server: dict[str, tuple[Any, Any]] | None = None,
 ) -> RunData:
     """Build RunData from plain arrays; missing frame/sample columns are NaN (flags 0),
-    ``frame_id`` defaults to 0..n-1; ``stages``: named chunk stages, one value per frame."""
+    ``frame_id`` defaults to 0..n-1; ``stages``: named chunk stages, one value per frame;
+    ``server``: a served model's server metrics, name -> (t, value)."""
     frames = dict(frames or {})
     n = len(np.asarray(frames.get("t_capture", _EMPTY)))
     fcols: dict[str, np.ndarray] = {}
@@ -68,9 +71,13 @@ def make_run_data(
     for e in evs:
         counts[e["kind"]] = counts.get(e["kind"], 0) + 1
     named = {k: np.asarray(v, dtype=np.float64) for k, v in (stages or {}).items()}
+    metrics = {
+        k: (np.asarray(t, dtype=np.float64), np.asarray(v, dtype=np.float64))
+        for k, (t, v) in (server or {}).items()
+    }
     return RunData(
         meta or RunMeta("test"), fcols, scols, ecols, evs, counts, list(error_messages or []),
-        stages=named,
+        stages=named, server=metrics,
     )  # fmt: skip
 
 
@@ -176,13 +183,18 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
         "rollout": ("first_emit_ms",),
     }
     frames = q.load_frame_columns(conn, run_id, extra.get(meta.shape, ()))
+    if meta.workload_kind == "openai":  # a served model's per-request inter-token intervals
+        frames.update(q.load_extra_keys(conn, run_id, ("itl_p50_ms", "itl_p95_ms", "itl_max_ms")))
     samples = q.load_sample_columns(conn, run_id)
     emissions = q.load_emission_columns(conn, run_id)
     events, counts = q.load_events(conn, run_id)
     errors = q.load_error_messages(conn, run_id)
     gpus = load_gpu_columns(conn, run_id)  # per GPU, when the run sampled several
     stages = load_stage_columns(conn, run_id, frames["frame_id"])  # a rollout's named stages
-    return RunData(meta, frames, samples, emissions, events, counts, errors, gpus, stages=stages)
+    return RunData(
+        meta, frames, samples, emissions, events, counts, errors, gpus, stages=stages,
+        server=load_server_metrics(conn, run_id),  # a served model's server, else empty
+    )  # fmt: skip
 
 
 def _bounded_run_data(conn: sqlite3.Connection, run_id: str, meta: RunMeta) -> RunData:
@@ -192,5 +204,5 @@ def _bounded_run_data(conn: sqlite3.Connection, run_id: str, meta: RunMeta) -> R
     return RunData(
         meta, empty.frames, empty.samples, empty.emissions, events, counts,
         q.load_error_messages(conn, run_id), load_gpu_columns(conn, run_id),
-        source=StoreSource(conn, run_id),
+        source=StoreSource(conn, run_id), server=load_server_metrics(conn, run_id),
     )  # fmt: skip

@@ -161,6 +161,9 @@ class RunData:
     #: a rollout's named chunk stages (``chunk_stages``): name -> ms per frames row (NaN
     #: where the chunk has no such stage), in order of first appearance; empty otherwise
     stages: dict[str, np.ndarray] = field(default_factory=dict)
+    #: a served model's server metrics (``server_metrics``): name -> (t, value summed over
+    #: its label sets), ordered by time; empty otherwise (soakd.analysis.server)
+    server: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def n_frames(self) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from soakd.analysis import devices, stats
+from soakd.analysis import devices, server, stats
 from soakd.analysis.chunks import judge_generator
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.digest import FrameDigest, digest_run
@@ -607,6 +607,8 @@ def judge_memory(ctx: _Ctx) -> list[CriterionResult]:
         if short_note:
             res.warnings.insert(0, short_note)
         out.append(res)
+    if server.is_served(d.meta):
+        out += judge_server_memory(ctx, w, gpu_any)
     out.append(judge_headroom(ctx, out))
     out.append(judge_oom(ctx))
     return out
@@ -666,6 +668,75 @@ def _judge_memory_metric(
     )
 
 
+def judge_server_memory(ctx: _Ctx, w: float, gpu_any: bool) -> list[CriterionResult]:
+    """A served model's server: its RSS and GPU memory, by the rule of soakd's own
+    (soakd.analysis.server)."""
+    d, thr = ctx.data, ctx.crit.max_memory_growth_mb_per_min
+    post = d.samples["t"] >= ctx.t0
+    out = []
+    for name, col, title in server.SERVER_MEMORY_METRICS:
+        t, y = d.samples["t"][post], d.sample(col)[post]
+        ok = np.isfinite(y)
+        if ok.any():
+            out.append(_judge_memory_metric(ctx, name, title, t[ok], y[ok], w))
+        else:
+            out.append(server.memory_missing(d.meta, name, title, thr, gpu_any))
+    return out
+
+
+def judge_server_queue(ctx: _Ctx) -> list[CriterionResult]:
+    """``server_queue``: the server's waiting requests and KV-cache use may not keep rising
+    (per-window medians, the trend rule of frame age); none for an in-process model."""
+    d, c = ctx.data, ctx.crit
+    if not server.is_served(d.meta):
+        return []
+    w, _note = floor_window_s(ctx.span, c.floor_window_s)
+    calls: list[tuple[server.QueueSeries, _TrendCall, stats.Trend]] = []
+    ev: dict[str, Any] = {"window_s": w, "metrics": {}}
+    for q in server.queue_series(d, ctx.t0, c.max_server_queue_slope_per_min,
+                                 c.max_kv_cache_slope_per_min):  # fmt: skip
+        win = stats.window_reduce(q.t, q.y, w, t0=ctx.t0, t1=ctx.t1)
+        has = win.nonempty()
+        tr = stats.trend(win.t[has], win.median[has], c.alpha)
+        call = _call_trend(tr, win.t[has], win.median[has], c.alpha, q.threshold / 60)
+        ctx.series[f"{server.QUEUE}:{q.metric}"] = win
+        calls.append((q, call, tr))
+        ev["metrics"][q.metric] = {
+            "median": float(np.median(q.y)) if q.y.size else None,
+            "max": float(q.y.max()) if q.y.size else None,
+            "threshold_per_min": q.threshold,
+            "decided_by": call.how,
+            **_trend_fields(tr, 60.0),
+        }
+    if not calls:
+        return [server.queue_not_exported(c.max_server_queue_slope_per_min)]
+    order = {FAIL: 0, INVALID: 1, PASS: 2}
+    q, call, tr = min(calls, key=lambda x: order.get(x[1].status, 3))
+    return [
+        CriterionResult(
+            criterion=server.QUEUE,
+            title=server.QUEUE_TITLE,
+            status=call.status,
+            value=tr.slope * 60,
+            threshold=q.threshold,
+            unit=q.unit,
+            detail=_queue_detail(ctx, q, call, tr),
+            evidence=ev,
+        )
+    ]
+
+
+def _queue_detail(ctx: _Ctx, q: server.QueueSeries, call: _TrendCall, tr: stats.Trend) -> str:
+    slope = f"{tr.slope * 60:+.3g} {q.unit}"
+    if call.how == "rising":
+        return f"{q.metric} rising {slope} (p = {tr.p:.2g}): the server falls behind"
+    if call.how == "untested":
+        return f"untested: {q.metric} has too few windows for a trend test; run longer"
+    if call.how == "bounded" and call.bound is not None:
+        return f"{q.metric}: too few windows for a test, their range allows {call.bound * 60:.3g}"
+    return f"{q.metric} median {float(np.median(q.y)):.3g}, slope {slope} (p = {tr.p:.2g})"
+
+
 def judge_gpu_devices(ctx: _Ctx) -> list[CriterionResult]:
     """``memory_gpu[i]`` for each GPU sampled apart (soakd.analysis.devices): the rule of
     ``memory_gpu`` on that GPU's used memory; none for a run on one GPU."""
@@ -685,7 +756,8 @@ def _memory_limit(ctx: _Ctx, name: str) -> tuple[float, str, float] | None:
     against the device's total, with the device's peak used (it is what runs out)."""
     d = ctx.data
     post = d.samples["t"] >= ctx.t0
-    if name == "memory_rss":
+    if name in ("memory_rss", "memory_server_rss"):  # host memory, shared by both
+        col = "rss_bytes" if name == "memory_rss" else "server_rss_bytes"
         limits = [
             (v, src)
             for v, src in (
@@ -694,14 +766,14 @@ def _memory_limit(ctx: _Ctx, name: str) -> tuple[float, str, float] | None:
             )
             if v is not None
         ]
-        peak = d.sample("rss_bytes")[post]
+        peak = d.sample(col)[post]
         if not limits or not np.isfinite(peak).any():
             return None
         lim, src = min(limits)
         return lim, src, float(np.nanmax(peak))
     total = d.sample("gpu_mem_total_bytes")[post]
     used = d.sample("gpu_mem_used_bytes")[post]
-    col = dict((n, c) for n, c, _ in MEMORY_METRICS)[name]
+    col = dict((n, c) for n, c, _ in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS))[name]
     if not np.isfinite(used).any():
         used = d.sample(col)[post]
     if not np.isfinite(total).any() or not np.isfinite(used).any():
@@ -1069,6 +1141,7 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
         *judge_gpu_devices(ctx),
         judge_jitter(ctx, history),
         judge_errors(ctx),
+        *judge_server_queue(ctx),
         *judge_generator(data, criteria, t0, t1),
         *thresholds,
     ]

@@ -34,8 +34,8 @@ EXPORT_FORMATS = ("csv", "jsonl", "parquet")
 FORMAT_HELP = "csv (header row), jsonl (one JSON object a row) or parquet (needs -o)."
 TABLE_HELP = (
     "Which rows: frames (one per frame), samples (telemetry), gpu_samples (one per GPU per"
-    " tick, runs on several GPUs), emissions or chunk_stages (one per named stage per"
-    " rollout chunk)."
+    " tick, runs on several GPUs), emissions, chunk_stages (one per named stage per"
+    " rollout chunk) or server_metrics (a served model's server metrics, per tick)."
 )
 PARQUET_MISSING = (
     "-f parquet needs pyarrow, which is not installed: pip install 'soakd[export]'"

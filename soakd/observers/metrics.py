@@ -27,6 +27,9 @@ soakd_gpu_memory_used_bytes / _total_bytes       gauge
 soakd_gpu_process_memory_bytes                   gauge
 soakd_gpu_utilization_ratio                      gauge      0..1
 soakd_torch_allocated_bytes / _reserved_bytes    gauge
+soakd_server_rss_bytes                           gauge      a served model's server processes
+soakd_server_cpu_ratio                           gauge      its CPU, in cores
+soakd_server_gpu_memory_bytes                    gauge      its GPU memory (NVML)
 soakd_gpu_device_memory_used_bytes / _total_bytes  gauge    gpu = NVML index, UUID (below)
 soakd_gpu_device_process_memory_bytes            gauge      gpu, UUID
 soakd_gpu_device_utilization_ratio               gauge      gpu, UUID; 0..1
@@ -106,7 +109,13 @@ _SAMPLE_GAUGES: tuple[tuple[str, str, str, float], ...] = (
     ("gpu_util_pct", "soakd_gpu_utilization_ratio", "GPU utilisation, 0..1.", 0.01),
     ("torch_allocated_bytes", "soakd_torch_allocated_bytes", "torch allocator: allocated.", 1.0),
     ("torch_reserved_bytes", "soakd_torch_reserved_bytes", "torch allocator: reserved.", 1.0),
-)
+    ("server_rss_bytes", "soakd_server_rss_bytes",
+     "Resident set size of the model server's processes (kind = openai).", 1.0),
+    ("server_cpu_pct", "soakd_server_cpu_ratio",
+     "CPU of the model server's processes, in cores (1 = one core busy).", 0.01),
+    ("server_gpu_mem_bytes", "soakd_server_gpu_memory_bytes",
+     "GPU memory of the model server's processes (NVML).", 1.0),
+)  # fmt: skip
 
 # gpu_samples.<column> -> (gauge name, help, scale to base unit): one series per GPU
 _DEVICE_GAUGES: tuple[tuple[str, str, str, float], ...] = (

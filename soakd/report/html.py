@@ -351,6 +351,20 @@ def render_html(data: RunData, verdict: Verdict) -> str:
             "gpu_mem",
             "GPU memory (MB): floors, trend",
         ),
+        *(
+            [
+                p.memory(
+                    (
+                        ("memory_server_rss", "server_rss_bytes"),
+                        ("memory_server_gpu", "server_gpu_mem_bytes"),
+                    ),
+                    "server_mem",
+                    "Model server memory (MB): floors, trend",
+                )
+            ]
+            if m.workload_kind == "openai"
+            else []
+        ),
         p.util(),
         p.queue(),
         p.fps(),

@@ -20,7 +20,7 @@ def _count(v: float | None) -> str:
 
 def _stage_rows(s: RunSummary) -> str:
     rows = []
-    for name, d in [*s.stages.items(), ("frame age", s.frame_age)]:
+    for name, d in [*s.stages.items(), ("frame age", s.frame_age), *s.served.items()]:
         if not d.n:
             continue
         cells = [str(d.n), *(_ms(v) for v in (d.p50, d.p95, d.p99, d.max))]

@@ -51,7 +51,8 @@ def numbers_section(s: RunSummary) -> list[str]:
     and the config (collapsed)."""
     lines = ["", "### Numbers", "", "| stage | n | p50 ms | p95 ms | p99 ms | max ms | first ms |"]
     lines.append("|---|---:|---:|---:|---:|---:|---:|")
-    for name, d in [*s.stages.items(), ("frame age", s.frame_age), *s.session.items()]:
+    rows = [*s.stages.items(), ("frame age", s.frame_age), *s.session.items(), *s.served.items()]
+    for name, d in rows:
         if not d.n:
             continue
         first = _ms(s.first_ms.get(name))

@@ -78,6 +78,10 @@ class RunSummary:
     # empty otherwise
     generator: dict[str, Any] = field(default_factory=dict)
     chunk_stages: dict[str, Dist] = field(default_factory=dict)  # a rollout's named stages
+    # served models (kind = "openai"): "time to first token" (the infer stage), the requests'
+    # own inter-token intervals ("inter-token p50/p95/max (per request)": the distribution
+    # over requests of each request's p50, p95 and max) and "output tokens"; empty otherwise
+    served: dict[str, Dist] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON report's ``summary`` object (environment and config stand apart)."""
@@ -90,6 +94,7 @@ class RunSummary:
                 k: v.as_dict() if isinstance(v, Dist) else v for k, v in self.generator.items()
             },
             "chunk_stages": {k: d.as_dict() for k, d in self.chunk_stages.items()},
+            "served": {k: d.as_dict() for k, d in self.served.items()},
             "frame_age": self.frame_age.as_dict(),
             "fps": dict(self.fps),
             "counts": dict(self.counts),
@@ -170,6 +175,23 @@ def _session(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
     return {k: d for k, d in out.items() if d.n}
 
 
+#: the served-model rows of the numbers table: label -> frame column (ms; tokens a count)
+SERVED_ROWS: tuple[tuple[str, str], ...] = (
+    ("time to first token", "infer_ms"),
+    ("inter-token p50 (per request)", "itl_p50_ms"),
+    ("inter-token p95 (per request)", "itl_p95_ms"),
+    ("inter-token max (per request)", "itl_max_ms"),
+)
+
+
+def _served(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
+    """A served model's time to first token and its requests' inter-token intervals."""
+    if data.meta.workload_kind != "openai":
+        return {}
+    out = {label: Dist.of(data.frame(col)[measured]) for label, col in SERVED_ROWS}
+    return {k: d for k, d in out.items() if d.n}
+
+
 def _generator(data: RunData, t0: float) -> dict[str, Any]:
     """A generator run's first output, output intervals and their tail (see chunks.py)."""
     if not data.meta.generates:
@@ -203,4 +225,5 @@ def summarize(data: RunData, verdict: Verdict) -> RunSummary:
         questions=list(data.meta.summary.get("session_questions") or []),
         generator=_generator(data, float(verdict.window.get("t0", 0.0))),
         chunk_stages={name: Dist.of(col[measured]) for name, col in data.stages.items()},
+        served=_served(data, measured),
     )

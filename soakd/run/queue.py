@@ -107,10 +107,18 @@ class StreamQueues:
     """
 
     def __init__(
-        self, n: int, maxlen: int = 1, consume: Literal["newest", "oldest"] = "newest"
+        self,
+        n: int,
+        maxlen: int = 1,
+        consume: Literal["newest", "oldest"] = "newest",
+        *,
+        one_consumer_each: bool = False,
     ) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self.queues = [FrameQueue(maxlen, consume, self._cond) for _ in range(n)]
+        # one_consumer_each: each stream is read by its own consumer (``stream(i)``, the
+        # concurrent driver), so each queue wakes only its own reader
+        shared = None if one_consumer_each else self._cond
+        self.queues = [FrameQueue(maxlen, consume, shared) for _ in range(n)]
         self._next = 0  # the stream served first on the next get
         self._closed = False
 
@@ -138,6 +146,10 @@ class StreamQueues:
         """Frames of ``stream`` dropped so far (cumulative)."""
         return self.queues[stream].drops
 
+    def stream(self, i: int) -> OneStream:
+        """Stream ``i``'s queue alone, read as the queues are (its own consumer's view)."""
+        return OneStream(self.queues[i], i)
+
     @property
     def drops(self) -> int:
         """Frames dropped so far, all streams together."""
@@ -156,3 +168,30 @@ class StreamQueues:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class OneStream:
+    """One stream's queue with the reading interface of ``StreamQueues``: what each thread of
+    the concurrent driver takes its stream's frames from."""
+
+    def __init__(self, queue: FrameQueue, stream: int) -> None:
+        self.queue, self.index = queue, stream
+
+    def get(self, timeout: float | None = None) -> tuple[Frame, int] | None:
+        return self.queue.get(timeout)
+
+    def drops_of(self, stream: int) -> int:
+        if stream != self.index:
+            raise ValueError(f"stream {stream}: this view reads stream {self.index} only")
+        return self.queue.drops
+
+    @property
+    def drops(self) -> int:
+        return self.queue.drops
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    @property
+    def closed(self) -> bool:
+        return self.queue.closed

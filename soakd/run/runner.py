@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -31,6 +31,8 @@ from soakd.errors import SoakdError, UsageError
 from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResult
 from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Sample
 from soakd.run.drivers import Counters, DriverContext, get_driver
+from soakd.run.drivers.concurrent import counters_for
+from soakd.run.drivers.context import StreamCounters
 from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
 from soakd.run.progress import Rolling
@@ -45,6 +47,7 @@ from soakd.store import runs
 from soakd.telemetry.devices import run_probes
 from soakd.telemetry.probes import cuda_ordinal
 from soakd.telemetry.sampler import Sampler
+from soakd.telemetry.server import server_probes
 from soakd.workloads.base import Workload, WorkloadContext, WorkloadError
 from soakd.workloads.registry import build_workload
 
@@ -183,6 +186,7 @@ class Run:
         self._workload_closed = False
         self._writer_started = False
         self._at_stop: tuple[int | None, float] = (None, settings.run.stall_timeout_s)
+        self._in_flight_at_stop: set[int] = set()  # the streams with a frame in flight
         self.t0_ns = 0
         self.log = log.bind(run_id=self.run_id)
 
@@ -221,6 +225,8 @@ class Run:
         self.writer.put(s)
         for d in s.devices:  # one per GPU when the run samples several (gpu_samples)
             self.writer.put(d)
+        for m in s.server:  # a served model's server metrics (server_metrics)
+            self.writer.put(m)
         self.obs.on_sample(s)
 
     # --- building (before the run row exists: a failure here is a usage error)
@@ -318,6 +324,8 @@ class Run:
     ) -> RunResult:
         # the GPUs to sample: one that run.gpus names but this host lacks is exit 2, no row
         self._probes = run_probes(self.settings, self.log)
+        # a served model: its server's processes and metrics (exit 2 when not found)
+        self._probes += server_probes(self.settings, self.log)
         env = collect_environment(ordinal=_gpu_ordinal(self.settings))
         self.t0_ns = self.clock.now_ns()
         runs.open_run(conn, self._new_run(workload, sources[0], load_s, env), self.clock.wall())
@@ -381,7 +389,7 @@ class Run:
         )
 
     def _build_feed(
-        self, sources: list[Source], audios: list[AudioSource | None]
+        self, sources: list[Source], audios: list[AudioSource | None], concurrent: bool = False
     ) -> tuple[StreamQueues | None, list[Pacer], UnpacedGrab | RoundRobin | None]:
         """Paced: one pacer per stream into its queue (``StreamQueues``); unpaced: the grab
         a profile's driver calls inline (the streams in turn when there are several)."""
@@ -402,7 +410,9 @@ class Run:
                 for i, (source, audio) in enumerate(zip(sources, audios, strict=True))
             ]
             return None, [], grabs[0] if len(grabs) == 1 else RoundRobin(grabs)
-        queue = self._queue = StreamQueues(self.n_streams, s.run.max_queue, s.run.consume)
+        queue = self._queue = StreamQueues(
+            self.n_streams, s.run.max_queue, s.run.consume, one_consumer_each=concurrent
+        )
         pacers = [
             Pacer(
                 source.read,
@@ -435,7 +445,10 @@ class Run:
             on_crash=self._sampler_crashed,
             log=self.log,
         )
-        queue, pacers, grab = self._build_feed(sources, audios)
+        # a workload that answers several requests at once (a served model) gets one
+        # frame in flight per stream (drivers/concurrent.py)
+        concurrent = bool(getattr(workload, "concurrent", False)) and self.paced
+        queue, pacers, grab = self._build_feed(sources, audios, concurrent)
         ctx = DriverContext(
             settings=s,
             workload=workload,
@@ -449,12 +462,13 @@ class Run:
             grab=grab,
             warmup_end_ns=self.t0_ns + int(s.run.warmup_s * 1e9),
             max_frames=self.max_frames,
-            counters=Counters(last_done_ns=self.t0_ns),
+            counters=cast(
+                Counters, counters_for(self.n_streams if concurrent else 1, self.t0_ns)
+            ),  # a StreamCounters (read-only sums) for the concurrent driver
             request_abort=lambda reason: self.request_stop(reason),
         )
-        driver = _DriverThread(
-            get_driver(workload.shape), ctx, self._driver_crashed, on_return=self.request_stop
-        )
+        drive = get_driver("concurrent" if concurrent else workload.shape)
+        driver = _DriverThread(drive, ctx, self._driver_crashed, on_return=self.request_stop)
         parts: list[Component] = [sampler, driver]
         if pacers and queue is not None:
             parts.append(_Feed(pacers, queue))
@@ -529,6 +543,7 @@ class Run:
         c = built.ctx.counters
         # as the run ended, before closing the workload can release a hung frame
         self._at_stop = (c.in_flight_since_ns, self.stall_timeout_s(c))
+        self._in_flight_at_stop = _in_flight_streams(c)
         if not stalled and c.in_flight_since_ns is not None:
             stalled = self._stalled_at_end(c)
         return stalled
@@ -747,7 +762,7 @@ class Run:
             **_pacer_counters(built.pacers, c.done),
             # frames captured but never finished: still queued, or in the model at the end
             "queued_at_end": len(queue) if queue is not None else 0,
-            "in_flight_at_end": int(in_flight is not None),
+            "in_flight_at_end": len(self._in_flight_at_stop),
             "in_flight_since_s": None if in_flight is None else (in_flight - self.t0_ns) / 1e9,
             "stall_timeout_s": round(stall_s, 3),
             "achieved_fps": round(c.done / duration_s, 4) if duration_s > 0 else 0.0,
@@ -763,7 +778,7 @@ class Run:
         """Stream ``i``'s counters, keyed as the run's: what its own verdict reads."""
         c, queue, pacer = built.ctx.counters, built.queue, built.pacers[i]
         assert queue is not None
-        mine = total["in_flight_at_end"] and c.in_flight_stream == i
+        mine = i in self._in_flight_at_stop
         return {
             "stream": i,
             "frames_captured": pacer.captured,
@@ -774,6 +789,13 @@ class Run:
             "in_flight_at_end": int(bool(mine)),
             "in_flight_since_s": total["in_flight_since_s"] if mine else None,
         }
+
+
+def _in_flight_streams(c: Counters) -> set[int]:
+    """The streams with a frame in the workload (one at most unless the driver is concurrent)."""
+    if isinstance(c, StreamCounters):
+        return c.in_flight_streams()
+    return set() if c.in_flight_since_ns is None else {c.in_flight_stream}
 
 
 def _pacer_counters(pacers: Sequence[Pacer], done: int) -> dict[str, int]:

@@ -38,6 +38,7 @@ from soakd.records import (
     Event,
     FrameRecord,
     Sample,
+    ServerMetric,
 )
 from soakd.store.chunk_stages import CHUNK_STAGE_COLUMNS, chunk_stage_values
 from soakd.store.gpu_samples import GPU_SAMPLE_COLUMNS, gpu_sample_values
@@ -51,6 +52,7 @@ from soakd.store.schema import (
     check_schema,
     migrate,
 )
+from soakd.store.server_metrics import SERVER_METRIC_COLUMNS, server_metric_values
 
 BUSY_TIMEOUT_MS = 10_000
 SQLITE_BUSY, SQLITE_LOCKED = 5, 6
@@ -329,6 +331,7 @@ _TABLES: dict[type, tuple[str, tuple[str, ...]]] = {
     Event: ("events", tuple(EVENT_COLUMNS)),
     DeviceSample: ("gpu_samples", GPU_SAMPLE_COLUMNS),
     ChunkStage: ("chunk_stages", CHUNK_STAGE_COLUMNS),
+    ServerMetric: ("server_metrics", SERVER_METRIC_COLUMNS),
 }
 
 
@@ -372,13 +375,16 @@ _VALUES: dict[type, Callable[[Any], tuple[Any, ...]]] = {
     Event: event_values,
     DeviceSample: gpu_sample_values,
     ChunkStage: chunk_stage_values,
+    ServerMetric: server_metric_values,
 }
 
 
 # when the pending rows reach their bound during a lock, these go first (oldest first):
 # telemetry, then emissions, then chunk stages, then frames; events (a few per run, each one
 # telling) never
-_DROP_ORDER: tuple[type, ...] = (DeviceSample, Sample, Emission, ChunkStage, FrameRecord)
+_DROP_ORDER: tuple[type, ...] = (
+    ServerMetric, DeviceSample, Sample, Emission, ChunkStage, FrameRecord,
+)  # fmt: skip
 _KIND = {
     FrameRecord: "frames",
     Sample: "samples",
@@ -386,6 +392,7 @@ _KIND = {
     Event: "events",
     DeviceSample: "gpu_samples",
     ChunkStage: "chunk_stages",
+    ServerMetric: "server_metrics",
 }
 
 
@@ -491,7 +498,8 @@ class StoreWriter:
         self._thread.start()
 
     def put(
-        self, record: FrameRecord | Sample | Emission | Event | DeviceSample | ChunkStage
+        self,
+        record: FrameRecord | Sample | Emission | Event | DeviceSample | ChunkStage | ServerMetric,
     ) -> None:
         self._q.put(record)
 

@@ -18,6 +18,7 @@ EXPORT_TABLES: dict[str, str] = {
     "emissions": "frame_id, idx",
     "gpu_samples": "seq, gpu",  # one row per GPU per tick (runs on several GPUs)
     "chunk_stages": "frame_id, name",  # one row per named stage per rollout chunk
+    "server_metrics": "seq, name, labels",  # a served model's server metrics, per tick
 }
 CHUNK_ROWS = 5000
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -120,6 +121,20 @@ def load_frame_columns(
     cols["skipped"] = ((flags >> 1) & 1).astype(np.int8)
     cols["has_error"] = ((flags >> 2) & 1).astype(np.int8)
     return cols
+
+
+def load_extra_keys(
+    conn: sqlite3.Connection, run_id: str, keys: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Numbers a workload keeps in each frame's ``extra`` JSON (a served model's
+    ``itl_p50_ms``...), one per frame ordered by frame_id as ``load_frame_columns``; NaN
+    where a frame has none."""
+    for k in keys:
+        if not re.fullmatch(r"[a-z0-9_]+", k):
+            raise ValueError(f"extra key {k!r}: [a-z0-9_] only")
+    exprs = ", ".join(f"json_extract(extra, '$.{k}')" for k in keys)
+    sql = f"SELECT {exprs} FROM frames WHERE run_id = ? ORDER BY frame_id"
+    return _columns(conn, sql, (run_id,), tuple(keys), _count(conn, "frames", run_id))
 
 
 def load_sample_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:

@@ -6,7 +6,9 @@ A tick that starts a whole period or more late skips to the latest deadline alre
 Each ``Sample`` keeps its actual time (``t``, seconds since ``t0``), the wall time,
 ``lag_ms`` (actual start - deadline) and ``tick_ms`` (how long the probes took). A probe
 with ``sample_devices(into, seq, t)`` (``GpuDevicesProbe``: a run on several GPUs) also
-returns one ``DeviceSample`` per GPU, carried in ``Sample.devices``.
+returns one ``DeviceSample`` per GPU, carried in ``Sample.devices``; one with
+``sample_server(seq, t)`` (``ServerMetricsProbe``: a served model's /metrics) returns the
+server's series, carried in ``Sample.server``.
 
 A probe that raises is disabled after one log line (its columns stay NULL) and the sampler
 goes on; anything else failing in the loop (the ``on_sample`` callback, a bug) ends the
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from soakd.clock import Clock, MonotonicClock
-from soakd.records import SAMPLE_FIELDS, DeviceSample, Event, Sample
+from soakd.records import SAMPLE_FIELDS, DeviceSample, Event, Sample, ServerMetric
 from soakd.telemetry.probes import Probe
 
 THREAD_NAME = "soakd-sampler"
@@ -143,7 +145,7 @@ class Sampler:
             wall = clock.wall()
             t = (start - t0) / 1e9
             values: dict[str, float | int | None] = dict.fromkeys(SAMPLE_FIELDS)
-            devices = self._tick(values, seq, t)
+            devices, server = self._tick(values, seq, t)
             end = clock.now_ns()
             self.on_sample(
                 Sample(
@@ -154,6 +156,7 @@ class Sampler:
                     tick_ms=(end - start) / 1e6,
                     values=values,
                     devices=devices,
+                    server=server,
                 )
             )
             self.samples = seq = seq + 1
@@ -161,20 +164,24 @@ class Sampler:
 
     def _tick(
         self, values: dict[str, float | int | None], seq: int, t: float
-    ) -> tuple[DeviceSample, ...]:
+    ) -> tuple[tuple[DeviceSample, ...], tuple[ServerMetric, ...]]:
         devices: list[DeviceSample] = []
+        server: list[ServerMetric] = []
         for probe in self.probes:
             if probe.name in self.disabled:
                 continue
             try:
                 per_device = getattr(probe, "sample_devices", None)
-                if per_device is None:
-                    probe.sample(values)
-                else:
+                per_series = getattr(probe, "sample_server", None)
+                if per_device is not None:
                     devices += per_device(values, seq, t)
+                elif per_series is not None:
+                    server += per_series(seq, t)
+                else:
+                    probe.sample(values)
             except Exception as exc:
                 self._disable(probe, exc)
-        return tuple(devices)
+        return tuple(devices), tuple(server)
 
     def _disable(self, probe: Probe, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}"

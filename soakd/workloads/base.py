@@ -34,6 +34,16 @@ class WorkloadError(Exception):
     trust_remote_code, unimportable factory...). The message is one line naming it."""
 
 
+class RunAbort(Exception):
+    """Raised by a workload's stage when the run cannot go on (a served model's server
+    unreachable for longer than its budget): the frame is recorded as an error, an event of
+    ``event_kind`` says why, and the run ends aborted (INVALID) with the message as reason."""
+
+    def __init__(self, event_kind: str, message: str) -> None:
+        super().__init__(message)
+        self.event_kind = event_kind
+
+
 @dataclass(slots=True)
 class WorkloadContext:
     """What a workload may use from the harness."""

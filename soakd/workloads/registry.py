@@ -24,6 +24,7 @@ BUILDERS: dict[str, str] = {
     "generator": "soakd.workloads.generator:build",
     "av": "soakd.workloads.av:build",
     "matrix_game": "soakd.workloads.matrix_game:build",
+    "openai": "soakd.workloads.openai:build",
     "python": "soakd.workloads.plugin:build_python",
 }
 

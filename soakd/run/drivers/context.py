@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from soakd.clock import Clock
 from soakd.records import ChunkStage, Emission, Event, Frame, FrameRecord
-from soakd.run.queue import StreamQueues
 from soakd.run.sink import FrameSink
 
 if TYPE_CHECKING:
@@ -39,6 +38,62 @@ class Counters:
         self.stale_by[stream] = self.stale_by.get(stream, 0) + 1
 
 
+class StreamCounters:
+    """The live counters of a run whose streams each have their own driver thread (the
+    concurrent driver): what the monitor reads, summed over each stream's ``Counters``.
+    The frame in flight longest is the one a stall is judged on. Read-only."""
+
+    def __init__(self, parts: list[Counters]) -> None:
+        self.parts = parts
+
+    def _sum(self, name: str) -> int:
+        return sum(getattr(p, name) for p in self.parts)
+
+    dispatched = property(lambda self: self._sum("dispatched"))
+    done = property(lambda self: self._sum("done"))
+    stale = property(lambda self: self._sum("stale"))
+    errors = property(lambda self: self._sum("errors"))
+    ooms = property(lambda self: self._sum("ooms"))
+
+    @property
+    def last_done_ns(self) -> int:
+        return max(p.last_done_ns for p in self.parts)
+
+    @property
+    def stale_by(self) -> dict[int, int]:
+        return {s: n for p in self.parts for s, n in p.stale_by.items()}
+
+    def _oldest(self) -> Counters | None:
+        busy = [p for p in self.parts if p.in_flight_since_ns is not None]
+        return min(busy, key=lambda p: p.in_flight_since_ns or 0) if busy else None
+
+    @property
+    def in_flight_since_ns(self) -> int | None:
+        oldest = self._oldest()
+        return None if oldest is None else oldest.in_flight_since_ns
+
+    @property
+    def in_flight_stream(self) -> int:
+        oldest = self._oldest()
+        return 0 if oldest is None else oldest.in_flight_stream
+
+    def in_flight_streams(self) -> set[int]:
+        """The streams with a frame in the workload now."""
+        return {p.in_flight_stream for p in self.parts if p.in_flight_since_ns is not None}
+
+
+class QueueView(Protocol):
+    """What a driver reads its paced frames from: every stream (``StreamQueues``, served
+    round-robin) or one (``OneStream``, a thread of the concurrent driver)."""
+
+    def get(self, timeout: float | None = None) -> tuple[Frame, int] | None: ...
+    def drops_of(self, stream: int) -> int: ...
+    @property
+    def drops(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+
+
 W = TypeVar("W")
 
 
@@ -58,7 +113,7 @@ class DriverContext(Generic[W]):
     sink: FrameSink  # where each frame's record goes (handed on in batches)
     emit: Callable[[Emission | ChunkStage], None]  # a generator's other rows, at once
     event: Callable[[Event], None]
-    queue: StreamQueues | None  # paced runs: one queue per stream
+    queue: QueueView | None  # paced runs: the streams' queues (one stream's, concurrent)
     grab: UnpacedFeed | None  # unpaced runs: capture inline
     warmup_end_ns: int
     max_frames: int | None = None

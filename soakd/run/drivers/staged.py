@@ -8,7 +8,7 @@ from typing import Any
 from soakd.records import Frame, StageOutput
 from soakd.run.drivers.context import DriverContext
 from soakd.run.sink import StagedFrame
-from soakd.workloads.base import StagedWorkload
+from soakd.workloads.base import RunAbort, StagedWorkload
 
 
 def _oom_data(workload: object) -> dict[str, object] | None:
@@ -40,7 +40,10 @@ def _fail(ctx: DriverContext[StagedWorkload], exc: Exception, frame_id: int) -> 
     c = ctx.counters
     error = f"{type(exc).__name__}: {exc}"[:2000]
     c.errors += 1
-    if ctx.is_oom(exc):
+    if isinstance(exc, RunAbort):  # the workload says the run cannot go on
+        ctx.event(ctx.make_event(exc.event_kind, str(exc), frame_id))
+        ctx.request_abort(str(exc))
+    elif ctx.is_oom(exc):
         c.ooms += 1
         ctx.event(ctx.make_event("oom", error, frame_id, _oom_data(ctx.workload)))
         if ctx.settings.run.on_oom == "stop":
