@@ -448,6 +448,7 @@ _RUN_TIME: dict[type, Callable[[Any], float | None]] = {
     Event: operator.attrgetter("t"),
     DeviceSample: operator.attrgetter("t"),
     ChunkStage: lambda rec: None,  # no time of its own: its chunk's frames row has one
+    ServerMetric: operator.attrgetter("t"),
 }
 
 

@@ -1,5 +1,5 @@
-"""Read one run's raw rows (frames, samples, gpu_samples, emissions, chunk_stages) for
-``soakd export``, in chunks.
+"""Read one run's raw rows (frames, samples, gpu_samples, emissions, chunk_stages,
+server_metrics) for ``soakd export``, in chunks.
 
 The columns come from the table itself (``PRAGMA table_info``), so a column a migration adds
 is exported without a change here; ``run_id`` is left out (every row has the same one).

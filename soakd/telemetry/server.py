@@ -5,17 +5,21 @@ A served model leaks in the server, not in soakd, so a run of one samples, every
 * ``ServerProcessProbe``: the server's process and all its children (re-listed each tick:
   workers come and go), RSS and CPU summed (``server_rss_bytes``, ``server_cpu_pct``), its
   systemd unit's cgroup ``memory.current`` (``server_cgroup_mem_bytes``) and, where NVML
-  starts, the GPU memory of those processes (``server_gpu_mem_bytes``). The process is
+  starts, the GPU memory NVML reports for those pids on every GPU (``server_gpu_mem_bytes``;
+  None in a container whose pids NVML does not share). The process is
   ``telemetry.server_pid``, or ``telemetry.server_unit``'s MainPID, or (``server_process =
   "auto"``) the one listening on the endpoint's port on this host. A server that dies
-  leaves the keys None; it never raises out of a tick.
+  leaves the keys None; a tick never raises.
 * ``ServerMetricsProbe``: the server's Prometheus endpoint, parsed with prometheus_client's
-  parser; the series named in ``telemetry.server_metrics`` become ``ServerMetric`` rows on
-  the tick's ``Sample`` (``server_metrics`` table). A scrape that fails or times out gives
-  no rows that tick.
+  parser; the samples named (as exported, ``vllm:num_preemptions_total``) in
+  ``telemetry.server_metrics`` become ``ServerMetric`` rows on the tick's ``Sample``
+  (``server_metrics`` table). A scrape may take one interval (at most 0.5 s), a tick waits
+  for it half that; a scrape that fails gives no rows, one still running when its tick gives
+  up stays the only one in flight and gives its rows to the next tick.
 
 ``server_probes(settings)`` builds what a run needs; a server process that cannot be found
-is a ``UsageError`` naming what was tried (exit 2, before the run row exists).
+raises ``ServerNotFound``, a ``UsageError`` naming what was tried (exit 2, before the run row
+exists).
 """
 
 from __future__ import annotations
@@ -25,57 +29,122 @@ import importlib
 import ipaddress
 import socket
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import psutil
 
 from soakd.errors import UsageError
 from soakd.records import ServerMetric
-from soakd.telemetry.probes import Values
+from soakd.telemetry.probes import Probe, Values
 
-#: the longest one scrape of the server's /metrics may take (a tick must never stall)
+#: the longest one scrape of the server's /metrics may take (one interval when shorter)
 SCRAPE_TIMEOUT_S = 0.5
+#: the build-time check that the default /metrics answers
+CHECK_TIMEOUT_S = 2.0
+#: processes that hold a port for a container, not the server behind it
+_FORWARDERS = frozenset({"docker-proxy", "rootlessport", "rootlesskit", "slirp4netns", "pasta"})
+_HINT = (
+    "set telemetry.server_pid or telemetry.server_unit, or telemetry.server_process"
+    ' = "off" for a server on another host'
+)
+
+#: one kept sample of a scrape: (name as exported, canonical labels, value)
+Series = tuple[str, str, float]
 
 
 class ServerNotFound(UsageError):
-    """The server's process could not be found on this host; the message says how to name
-    it."""
+    """The server's process cannot be found on this host; the message says how to name it."""
 
 
 def canonical_labels(labels: dict[str, str]) -> str:
-    """``k="v"`` pairs sorted by key, comma-joined ("" for none): one series' identity."""
-    return ",".join(f'{k}="{labels[k]}"' for k in sorted(labels))
+    """``k="v"`` pairs sorted by key, comma-joined ("" for none), each value's backslashes,
+    double quotes and newlines escaped as in the Prometheus text format: one series'
+    identity."""
+    return ",".join(f'{k}="{_escaped(labels[k])}"' for k in sorted(labels))
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 # --------------------------------------------------------------------------- the process
 
 
-def _port_of(base_url: str) -> tuple[str, int]:
+def _host_port(base_url: str) -> tuple[str, int]:
     p = urlsplit(base_url)
     return p.hostname or "", p.port or (443 if p.scheme == "https" else 80)
 
 
-def _is_local(host: str) -> bool:
-    """``host`` is this machine: loopback, or one of its own addresses."""
+def is_local(host: str) -> bool:
+    """``host`` is this machine: every address it resolves to is loopback, unspecified or
+    one of this host's own."""
     try:
-        addrs = {str(ai[4][0]) for ai in socket.getaddrinfo(host, None)}
+        addrs = {str(ai[4][0]).split("%")[0] for ai in socket.getaddrinfo(host, None)}
     except OSError:
         return False
-    mine = {a.address for nics in psutil.net_if_addrs().values() for a in nics}
-    return all(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in mine for a in addrs)
-
-
-def listening_pid(port: int) -> int | None:
-    """The process listening on TCP ``port`` on this host (the lowest pid when several
-    share it: the parent of pre-forked workers)."""
-    pids = sorted(
-        c.pid
-        for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+    mine = {a.address.split("%")[0] for nics in psutil.net_if_addrs().values() for a in nics}
+    return bool(addrs) and all(
+        a in mine or ipaddress.ip_address(a).is_loopback or ipaddress.ip_address(a).is_unspecified
+        for a in addrs
     )
-    return pids[0] if pids else None
+
+
+def listening_pid(port: int) -> int:
+    """The process listening on TCP ``port`` on this host: psutil names one holder of the
+    socket, which may be a worker that inherited it, so the server is its topmost ancestor
+    that listens on the port too. Raises ``ServerNotFound`` when no process is found, when it
+    is not visible to this user, or when it is a container's port forwarder."""
+    try:
+        found = [
+            c.pid
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+        ]
+    except psutil.AccessDenied:
+        raise ServerNotFound(f"cannot list listening sockets (port {port}): {_HINT}") from None
+    pids = [p for p in found if p]
+    if not pids:
+        why = "another user's process" if found else "no process on this host"
+        raise ServerNotFound(f"{why} listens on port {port}: {_HINT}")
+    pid = _topmost_listener(min(pids), port)
+    _refuse_forwarder(pid, port)
+    return pid
+
+
+def _topmost_listener(pid: int, port: int) -> int:
+    """``pid``'s highest ancestor (below init) that listens on ``port`` as well."""
+    with contextlib.suppress(psutil.Error):
+        parent = psutil.Process(pid).parent()
+        while parent is not None and parent.pid > 1 and _listens(parent, port):
+            pid, parent = parent.pid, parent.parent()
+    return pid
+
+
+def _listens(p: psutil.Process, port: int) -> bool:
+    try:
+        conns = p.net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+
+
+def _refuse_forwarder(pid: int, port: int) -> None:
+    """A container runtime's port forwarder is never taken for the server (its flat memory
+    would pass every memory check)."""
+    with contextlib.suppress(psutil.Error):
+        name = psutil.Process(pid).name()
+        if name in _FORWARDERS:
+            raise ServerNotFound(
+                f"port {port} is held by {name} (pid {pid}), a container's port forwarder, not"
+                " the server: set telemetry.server_pid to the server's pid on this host"
+                " (docker inspect -f '{{.State.Pid}}' CONTAINER) or telemetry.server_process"
+                ' = "off"'
+            )
 
 
 def _systemctl_show(unit: str, prop: str) -> str:
@@ -100,7 +169,9 @@ def unit_process(unit: str) -> tuple[int, Path | None]:
 
 
 def find_server(settings: Any) -> tuple[int, Path | None, str]:
-    """(pid, cgroup memory.current file or None, how it was found) of the model server."""
+    """(pid, cgroup ``memory.current`` file or None, how it was found) of the model server:
+    ``telemetry.server_pid``, else ``telemetry.server_unit``, else the process listening on
+    the endpoint's port when its host is this one. Raises ``ServerNotFound``."""
     t, base = settings.telemetry, settings.workload.base_url
     if t.server_pid is not None:
         pid, mem, how = t.server_pid, None, "telemetry.server_pid"
@@ -108,54 +179,56 @@ def find_server(settings: Any) -> tuple[int, Path | None, str]:
         pid, mem = unit_process(t.server_unit)
         how = f"systemd unit {t.server_unit}"
     else:
-        host, port = _port_of(base)
-        found = listening_pid(port) if _is_local(host) else None
-        if found is None:
-            where = "listens on" if _is_local(host) else "is local to"
-            raise ServerNotFound(
-                f"no process on this host {where} {host}:{port} ({base}): set "
-                "telemetry.server_pid or telemetry.server_unit, or telemetry.server_process"
-                ' = "off" for a server on another host'
-            )
-        pid, mem, how = found, None, f"the process listening on port {port}"
+        host, port = _host_port(base)
+        if not is_local(host):
+            raise ServerNotFound(f"{host} ({base}) is not this host: {_HINT}")
+        pid, mem, how = listening_pid(port), None, f"listening on port {port}"
     if not psutil.pid_exists(pid):
         raise ServerNotFound(f"server process {pid} ({how}): no such process")
     return pid, mem, how
 
 
 class ServerProcessProbe:
-    """The server's process tree: RSS and CPU summed, cgroup memory, GPU memory (NVML)."""
+    """The server's process tree: RSS and CPU summed, cgroup memory, GPU memory (NVML).
+    ``nvml`` is the ``pynvml`` module (injectable for tests; this probe initialises it)."""
 
     name = "server_process"
 
     def __init__(self, pid: int, cgroup_mem: Path | None = None, nvml: Any = None) -> None:
+        try:
+            self._root = psutil.Process(pid)  # kept: a reused pid is never taken for it
+        except psutil.Error:
+            raise ServerNotFound(f"server process {pid}: no such process") from None
         self.pid = pid
         self.cgroup_mem = cgroup_mem
         self._procs: dict[int, psutil.Process] = {}  # kept, so cpu_percent has a baseline
-        self._nvml = nvml if nvml is not None else _nvml()
+        with contextlib.suppress(psutil.Error):
+            self._tree()  # the first cpu_percent call only primes the counter
+        self._nvml = _open_nvml(nvml)
         self._handles = _nvml_handles(self._nvml)
 
-    def _tree(self) -> list[psutil.Process]:
-        root = self._procs.get(self.pid) or psutil.Process(self.pid)
-        tree = [root, *root.children(recursive=True)]
+    def _tree(self) -> tuple[list[psutil.Process], set[int]]:
+        """The server and its children now, and the pids first seen this tick (their CPU
+        counter is primed now and read from the next tick on)."""
+        tree = [self._root, *self._root.children(recursive=True)]
         known = {p.pid: self._procs.get(p.pid, p) for p in tree}
-        for pid, p in known.items():
-            if pid not in self._procs:
-                with contextlib.suppress(psutil.Error):
-                    p.cpu_percent(None)  # the first call only primes the counter
+        new = set(known) - set(self._procs)
+        for pid in new:
+            with contextlib.suppress(psutil.Error):
+                known[pid].cpu_percent(None)
         self._procs = known
-        return list(known.values())
+        return list(known.values()), new
 
     def sample(self, into: Values) -> None:
         try:
-            tree = self._tree()
-        except psutil.Error:  # the server is gone: its keys stay None
-            return
-        rss, cpu = 0, 0.0
-        for p in tree:
-            with contextlib.suppress(psutil.Error), p.oneshot():
-                rss += p.memory_info().rss
-                cpu += p.cpu_percent(None)
+            tree, new = self._tree()
+            rss, cpu = _usage(self._root, self._root.pid in new)  # raises: the server is gone
+        except psutil.Error:
+            return  # its keys stay None
+        for p in tree[1:]:
+            with contextlib.suppress(psutil.Error):  # a child that just ended counts nothing
+                r, c = _usage(p, p.pid in new)
+                rss, cpu = rss + r, cpu + c
         into["server_rss_bytes"] = rss
         into["server_cpu_pct"] = cpu
         if self.cgroup_mem is not None:
@@ -164,13 +237,17 @@ class ServerProcessProbe:
         into["server_gpu_mem_bytes"] = self._gpu_bytes({p.pid for p in tree})
 
     def _gpu_bytes(self, pids: set[int]) -> int | None:
-        """The GPU memory NVML sees the server's processes use, over every GPU."""
+        """The GPU memory NVML reports for ``pids``, over every GPU; None when it reports
+        none of them. A GPU that does not support the query is not asked again."""
         nv, total, seen = self._nvml, 0, False
-        for h in self._handles:
+        for h in list(self._handles):
             try:
                 procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
-            except Exception:
+            except _permanent(nv):
+                self._handles.remove(h)
                 continue
+            except Exception:
+                continue  # this tick only (GPU lost, busy...)
             for p in procs:
                 if p.pid in pids and p.usedGpuMemory is not None:
                     total, seen = total + int(p.usedGpuMemory), True
@@ -182,11 +259,17 @@ class ServerProcessProbe:
                 self._nvml.nvmlShutdown()
 
 
-def _nvml() -> Any:
-    """pynvml, initialised; None where there is no NVIDIA driver (this probe then reports
-    no GPU memory)."""
+def _usage(p: psutil.Process, new: bool) -> tuple[int, float]:
+    """(RSS, CPU % since the last tick) of one process; a new one's CPU counts from the next."""
+    with p.oneshot():
+        return p.memory_info().rss, 0.0 if new else p.cpu_percent(None)
+
+
+def _open_nvml(nvml: Any) -> Any:
+    """``nvml`` (else pynvml), initialised; None where NVML does not start (no NVIDIA
+    driver, no binding): the probe then reports no GPU memory, silently."""
     try:
-        nv = importlib.import_module("pynvml")
+        nv = nvml if nvml is not None else importlib.import_module("pynvml")
         nv.nvmlInit()
     except Exception:
         return None
@@ -202,58 +285,101 @@ def _nvml_handles(nv: Any) -> list[Any]:
         return []
 
 
+def _permanent(nv: Any) -> tuple[type[BaseException], ...]:
+    """NVML's "never ask again" errors, as ``NvmlProbe`` treats them."""
+    names = ("NVMLError_NotSupported", "NVMLError_FunctionNotFound")
+    return tuple(getattr(nv, n) for n in names if hasattr(nv, n))
+
+
 # --------------------------------------------------------------------------- /metrics
 
 
-def parse_series(text: str, names: frozenset[str]) -> list[tuple[str, str, float]]:
+def parse_series(text: str, names: frozenset[str]) -> list[Series]:
     """(sample name, canonical labels, value) of every sample in Prometheus ``text`` whose
-    name, as exported (a counter keeps its ``_total``), is in ``names``."""
+    name as exported (a counter keeps its ``_total``) is in ``names``. Raises ValueError
+    for text that is not Prometheus."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in names:
-                out.append((s.name, canonical_labels(s.labels), float(s.value)))
-    return out
+    return [
+        (s.name, canonical_labels(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in names
+    ]
+
+
+class _Scrape:
+    """One scrape on its own daemon thread (a server that never answers holds up neither
+    the sampler nor the process's exit); ``result`` is None when it failed."""
+
+    def __init__(self, scrape: Callable[[], list[Series] | None]) -> None:
+        self.done = threading.Event()
+        self.result: list[Series] | None = None
+        self._scrape = scrape
+        threading.Thread(target=self._run, name="soakd-scrape", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._scrape()
+        except Exception:
+            self.result = None
+        finally:
+            self.done.set()
 
 
 class ServerMetricsProbe:
-    """The server's Prometheus endpoint, scraped once a tick (at most SCRAPE_TIMEOUT_S)."""
+    """The server's Prometheus endpoint, scraped once a tick: a scrape takes at most
+    ``timeout_s`` (the HTTP client's timeout), a tick waits for it at most ``wait_s``
+    (default ``timeout_s``). At most one scrape is in flight: one still running when its
+    tick gives up is waited for by the next tick (which then gets its rows), never doubled."""
 
     name = "server_metrics"
 
-    def __init__(self, url: str, names: tuple[str, ...], timeout_s: float = SCRAPE_TIMEOUT_S):
-        import httpx
-
+    def __init__(
+        self,
+        url: str,
+        names: tuple[str, ...],
+        *,
+        timeout_s: float = SCRAPE_TIMEOUT_S,
+        wait_s: float | None = None,
+    ) -> None:
         self.url = url
         self.names = frozenset(names)
-        self._httpx = httpx
+        self.wait_s = timeout_s if wait_s is None else wait_s
         self._client = httpx.Client(timeout=timeout_s)
-        self.failures = 0  # scrapes that gave nothing (failed, timed out, not Prometheus)
+        self._inflight: _Scrape | None = None
+        self.failures = 0  # ticks with no rows (failed, timed out, not Prometheus)
 
-    def scrape(self) -> list[tuple[str, str, float]] | None:
-        """The kept series now, or None when the scrape failed."""
+    def scrape(self) -> list[Series] | None:
+        """The kept series now, or None when the scrape failed (blocks up to the client's
+        timeout)."""
         try:
             r = self._client.get(self.url)
             if r.status_code != 200:
                 return None
             return parse_series(r.text, self.names)
-        except (self._httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError):
             return None
 
     def sample_server(self, seq: int, t: float) -> tuple[ServerMetric, ...]:
-        series = self.scrape()
-        if series is None:
+        """The tick's rows; () when the scrape failed or is not done within ``wait_s``."""
+        job = self._inflight or _Scrape(self.scrape)
+        self._inflight = job
+        if not job.done.wait(self.wait_s):
             self.failures += 1
             return ()
-        return tuple(ServerMetric(seq, t, name, labels, v) for name, labels, v in series)
+        self._inflight = None
+        if job.result is None:
+            self.failures += 1
+            return ()
+        return tuple(ServerMetric(seq, t, name, labels, v) for name, labels, v in job.result)
 
     def sample(self, into: Values) -> None:
         """Fills no sample column (its rows go to ``server_metrics``)."""
 
     def close(self) -> None:
-        self._client.close()
+        with contextlib.suppress(Exception):
+            self._client.close()
 
 
 def metrics_url(settings: Any) -> str | None:
@@ -268,24 +394,40 @@ def metrics_url(settings: Any) -> str | None:
     return f"{p.scheme}://{p.netloc}/metrics"
 
 
-def server_probes(settings: Any, log: Any = None) -> list[Any]:
-    """What a run of a served model samples of its server (nothing for other workloads)."""
+def _answers(url: str) -> bool:
+    """``url`` answers 200 with Prometheus text now."""
+    check = ServerMetricsProbe(url, (), timeout_s=CHECK_TIMEOUT_S)
+    try:
+        return check.scrape() is not None
+    finally:
+        check.close()
+
+
+def server_probes(settings: Any, log: Any = None) -> list[Probe]:
+    """What a run of a served model samples of its server (nothing for other workloads):
+    its process tree unless ``server_process = "off"`` with no pid or unit named, and its
+    /metrics unless ``"off"`` (the default URL only when it answers now; an explicit one
+    always: it may come up later). Raises ``ServerNotFound`` when the process is not found."""
     if settings.workload.kind != "openai":
         return []
     t = settings.telemetry
-    probes: list[Any] = []
+    probes: list[Probe] = []
     if t.server_process != "off" or t.server_pid is not None or t.server_unit is not None:
         pid, mem, how = find_server(settings)
         probes.append(ServerProcessProbe(pid, mem))
-        if log is not None:
-            log.info(f"sampling the model server: pid {pid} ({how}) and its children")
+        _info(log, f"sampling the model server: pid {pid} ({how}) and its children")
     url = metrics_url(settings)
-    if url is not None:
-        m = ServerMetricsProbe(url, t.server_metrics, timeout_s=2.0)
-        answers = m.scrape() is not None
-        m.close()
-        if answers or t.server_metrics_url is not None:  # a named URL is kept: it may come up
-            probes.append(ServerMetricsProbe(url, t.server_metrics))
-        elif log is not None:
-            log.info(f"no server metrics: {url} does not answer with Prometheus text")
+    if url is not None and (t.server_metrics_url is not None or _answers(url)):
+        # a scrape may take one interval, a tick waits half that: it never overruns its period
+        timeout = min(SCRAPE_TIMEOUT_S, settings.run.sample_interval_ms / 1000)
+        probes.append(
+            ServerMetricsProbe(url, t.server_metrics, timeout_s=timeout, wait_s=timeout / 2)
+        )
+    elif url is not None:
+        _info(log, f"no server metrics: {url} does not answer with Prometheus text")
     return probes
+
+
+def _info(log: Any, message: str) -> None:
+    if log is not None:
+        log.info(message)
