@@ -28,6 +28,7 @@ BENCHMARKS: tuple[str, ...] = (
     "sampler",
     "telemetry_overhead",
     "verdict",
+    "openai_client",
     "dbsize",
     "leak",
 )

@@ -123,6 +123,16 @@ def test_telemetry_overhead_quick(tmp_path: Path) -> None:
     assert arms["off"]["frames"] > 0 and arms["on"]["frames"] > 0
 
 
+def test_openai_client_quick(tmp_path: Path) -> None:
+    """bench.openai_client --quick times soakd's openai stages and a bare httpx loop against
+    the same fixture server; soakd's arm includes the JPEG encode."""
+    doc = _run_module("openai_client", tmp_path / "oa.json")
+    _check_well_formed(doc, "openai_client")
+    m = doc["metrics"]
+    assert m["bare_us_p50"] > 0 and m["soakd_us_p50"] > 0
+    assert 0 < m["encode_us_p50"] < m["soakd_us_p50"]
+
+
 def test_verdict_quick(tmp_path: Path) -> None:
     """bench.verdict --quick judges and reports a short and a 10x longer generated run."""
     doc = _run_module("verdict", tmp_path / "verdict.json", "--workdir", str(tmp_path))

@@ -87,37 +87,6 @@ def test_a_served_model_s_stages_are_time_to_first_token_and_the_rest_of_the_str
         assert 8 <= itl < 60
 
 
-def test_the_server_s_process_tree_is_sampled_beside_soakd_s_own(db_path, server):
-    """server_rss_bytes is the fixture's RSS (psutil), not soakd's."""
-    srv = server("--leak-mb-per-request", "1")
-    result = run_soak(settings(db_path, srv))
-    last = rows(
-        db_path,
-        "SELECT server_rss_bytes, rss_bytes FROM samples WHERE run_id = ? ORDER BY seq DESC "
-        "LIMIT 1",
-        result.run_id,
-    )[0]
-    real = psutil.Process(srv.pid).memory_info().rss
-    assert abs(last[0] - real) < 0.1 * real
-    assert abs(last[0] - last[1]) > 20 << 20  # ~25 MB leaked by the server, not by soakd
-
-
-def test_the_server_s_metrics_are_stored_per_series_and_unlisted_ones_are_not(db_path, server):
-    """server_metrics keeps the listed series with their labels, nothing else."""
-    srv = server("--waiting-rise-per-s", "1")
-    result = run_soak(settings(db_path, srv, "run.duration=3"))
-    names = {r[0] for r in rows(db_path, "SELECT DISTINCT name FROM server_metrics")}
-    assert "vllm:num_requests_waiting" in names
-    assert "fixture_unrelated_metric" not in names
-    labels = rows(
-        db_path,
-        "SELECT labels FROM server_metrics WHERE run_id = ? AND name = ? LIMIT 1",
-        result.run_id,
-        "vllm:num_requests_waiting",
-    )[0][0]
-    assert 'model_name="' in labels
-
-
 def test_n_streams_keep_n_requests_in_flight_at_once(db_path, server):
     """workload.concurrency = 3: three requests overlap, never four."""
     srv = server("--ttft-ms", "250")
@@ -220,7 +189,7 @@ def test_a_leaking_server_fails_its_own_memory_criterion_while_soakd_s_passes(db
     srv = server("--leak-mb-per-request", "1")
     result = run_soak(
         settings(
-            db_path, srv, "run.duration=14", "run.fps=6",
+            db_path, srv, "run.duration=10", "run.fps=6",
             "criteria.max_memory_growth_mb_per_min=40",  # the leak is ~360 MB/min
         )
     )  # fmt: skip
@@ -228,13 +197,42 @@ def test_a_leaking_server_fails_its_own_memory_criterion_while_soakd_s_passes(db
     assert got["memory_server_rss"] == "fail"
     assert got["memory_rss"] == "pass"
     assert any("Server RSS" in h for h in result.verdict.hints)
+    # server_rss_bytes is the fixture's own RSS (psutil), not soakd's
+    server_rss, own_rss = rows(
+        db_path,
+        "SELECT server_rss_bytes, rss_bytes FROM samples WHERE run_id = ? ORDER BY seq DESC "
+        "LIMIT 1",
+        result.run_id,
+    )[0]
+    real = psutil.Process(srv.pid).memory_info().rss
+    assert abs(server_rss - real) < 0.1 * real
+    assert abs(server_rss - own_rss) > 30 << 20  # ~60 MB leaked by the server, not by soakd
 
 
 def test_a_server_queue_that_keeps_rising_fails_server_queue(db_path, server):
-    """vllm:num_requests_waiting rising 30 a minute: server_queue FAIL; flat: PASS."""
+    """vllm:num_requests_waiting rising 30 a minute: server_queue FAIL; flat: PASS. The
+    listed series are stored with their labels, an unlisted one is not."""
     rising = server("--waiting-rise-per-s", "0.5")
     flat = server()
-    bad = run_soak(settings(db_path, rising, "run.duration=12"))
-    good = run_soak(settings(db_path, flat, "run.duration=12"))
+    bad = run_soak(settings(db_path, rising, "run.duration=8"))
+    good = run_soak(settings(db_path, flat, "run.duration=8"))
     assert criteria(db_path, bad.run_id)["server_queue"] == "fail"
     assert criteria(db_path, good.run_id)["server_queue"] == "pass"
+    names = {r[0] for r in rows(db_path, "SELECT DISTINCT name FROM server_metrics")}
+    assert "vllm:num_requests_waiting" in names
+    assert "fixture_unrelated_metric" not in names
+    (labels,) = rows(
+        db_path,
+        "SELECT labels FROM server_metrics WHERE run_id = ? AND name = ? LIMIT 1",
+        bad.run_id,
+        "vllm:num_requests_waiting",
+    )[0]
+    assert 'model_name="' in labels
+
+
+def test_a_server_that_slows_down_fails_and_the_diagnosis_names_the_server(db_path, server):
+    """Time to first token +15 ms a request: drops FAIL and a hint names the model server."""
+    srv = server("--slow-ms-per-request", "15")
+    result = run_soak(settings(db_path, srv, "run.duration=8"))
+    assert criteria(db_path, result.run_id)["drops"] == "fail"
+    assert any(h.startswith("the model server is the bottleneck") for h in result.verdict.hints)

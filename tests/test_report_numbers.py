@@ -104,6 +104,7 @@ def test_json_report_v2_carries_summary_environment_and_config(numbers_db: Path)
         "session",
         "generator",
         "chunk_stages",
+        "served",
         "frame_age",
         "fps",
         "counts",

@@ -115,7 +115,7 @@ def diagnose(data: RunData, verdict: Verdict, crit: CriteriaSettings) -> list[st
         return hints
     w = age_window_s(t1 - t0, data.meta.fps)
     g = stage_growth(data, measured, t0, t1, w, crit.alpha)
-    hints += _stage_hints(g)
+    hints += _stage_hints(g, served=data.meta.workload_kind == "openai")
     hints += _named_stage_hints(data, verdict, measured, (t0, t1, w), crit.alpha)
     hints += _rate_hints(data, g, verdict)
     hints += _jitter_hints(data, verdict, g)
@@ -160,7 +160,8 @@ def _loss_hints(data: RunData, verdict: Verdict) -> list[str]:
     model = sum(float(ev.get(k) or 0) for k in _MODEL_LOSSES)
     if model >= floor:
         hints.append(
-            f"the model is the bottleneck for {model:.0f} of {ticks:.0f} ticks: captured but "
+            f"the {'model server' if data.meta.workload_kind == 'openai' else 'model'} is the "
+            f"bottleneck for {model:.0f} of {ticks:.0f} ticks: captured but "
             "not finished (dropped, stale, queued or in flight at the end)"
         )
     return hints
@@ -202,7 +203,7 @@ def _grew(g: dict[str, tuple[bool, float, float]], col: str) -> bool:
     return col in g and g[col][0]
 
 
-def _stage_hints(g: dict[str, tuple[bool, float, float]]) -> list[str]:
+def _stage_hints(g: dict[str, tuple[bool, float, float]], served: bool = False) -> list[str]:
     hints = []
     if _grew(g, "grab_ms"):
         hints.append(
@@ -214,6 +215,11 @@ def _stage_hints(g: dict[str, tuple[bool, float, float]]) -> list[str]:
         where = " and ".join(culprits) if culprits else "preprocess or decode"
         hints.append(
             f"total time rose {g['total_ms'][1]:.3g} ms/min with infer flat: look at {where}"
+        )
+    elif _grew(g, "infer_ms") and served:
+        hints.append(
+            f"time to first token rose {g['infer_ms'][1]:.3g} ms/min: the model server slows "
+            "down (its queue, KV cache or batch grows; see server_queue and memory_server_rss)"
         )
     elif _grew(g, "infer_ms"):
         hints.append(
