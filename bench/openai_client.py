@@ -7,9 +7,9 @@ client and its SSE parsing) is small beside any real model's time to first token
 Both arms talk to the same server in the same run: tests/openai_test_server.py (a test
 fixture, not a model) with no planted delay (``--ttft-ms 0 --itl-ms 0``), 8 tokens a
 request, streamed. The baseline is the loop anyone would write: one ``httpx.Client``, a body
-encoded once beforehand, ``client.stream("POST", ...)`` read line by line to ``data: [DONE]``, where OpenAI
-clients stop (reading on to the chunked body's end waits ~40 ms for the server's last empty
-chunk on loopback: delayed ACK, nothing to do with the model). soakd's
+encoded once beforehand, ``client.stream("POST", ...)`` read line by line to
+``data: [DONE]``, where OpenAI clients stop (reading on to the chunked body's end waits
+~40 ms for the server's last empty chunk on loopback: delayed ACK, not the model). soakd's
 arm calls the workload's own stages (``preprocess`` -> ``infer`` -> ``decode``) on captured
 frames, exactly as the staged driver does. The arms alternate in blocks, so both see the
 same machine.
@@ -83,10 +83,8 @@ def run(quick: bool, workdir: Path) -> BenchResult:
                 "frame": f"{WIDTH}x{HEIGHT}", "server": "tests/openai_test_server.py"},
     )  # fmt: skip
     with start_server("--ttft-ms", "0", "--itl-ms", "0") as srv:
-        s = load_settings(
-            overrides=["workload.kind=openai", f"workload.base_url={srv.base_url!r}",
-                       f"workload.max_tokens={TOKENS}"]  # fmt: skip
-        )
+        over = ["workload.kind=openai", f"workload.base_url={srv.base_url!r}"]
+        s = load_settings(overrides=[*over, f"workload.max_tokens={TOKENS}"])
         wl = OpenAIStaged(s.workload, WorkloadContext())  # type: ignore[arg-type]
         wl.setup()
         frames = _frames(per)
@@ -115,9 +113,9 @@ def run(quick: bool, workdir: Path) -> BenchResult:
         {"arm": "soakd openai", "p50_us": s50, "p95_us": pct(soak, 95), "n": len(soak)},
         {"arm": "  of which encode", "p50_us": pct(enc, 50), "p95_us": pct(enc, 95), "n": len(enc)},
     ]
+    note = "soakd's stages minus the bare loop, same server, same run"
     res.targets.append(
-        Target("added per-request cost (p50)", (s50 - b50) / 1e3, 2.0, "<=", "ms",
-               "soakd's stages minus the bare loop, same server, same run")  # fmt: skip
+        Target("added per-request cost (p50)", (s50 - b50) / 1e3, 2.0, "<=", "ms", note)
     )
     return res
 
