@@ -221,6 +221,8 @@ class ServerProcessProbe:
 
     def sample(self, into: Values) -> None:
         try:
+            if self._root.status() == psutil.STATUS_ZOMBIE:
+                return  # exited, not reaped yet (its memory reads 0): gone, keys stay None
             tree, new = self._tree()
             rss, cpu = _usage(self._root, self._root.pid in new)  # raises: the server is gone
         except psutil.Error:
