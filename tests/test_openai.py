@@ -214,8 +214,8 @@ def test_a_server_queue_that_keeps_rising_fails_server_queue(db_path, server):
     listed series are stored with their labels, an unlisted one is not."""
     rising = server("--waiting-rise-per-s", "0.5")
     flat = server()
-    bad = run_soak(settings(db_path, rising, "run.duration=8"))
-    good = run_soak(settings(db_path, flat, "run.duration=8"))
+    bad = run_soak(settings(db_path, rising, "run.duration=6"))
+    good = run_soak(settings(db_path, flat, "run.duration=6"))
     assert criteria(db_path, bad.run_id)["server_queue"] == "fail"
     assert criteria(db_path, good.run_id)["server_queue"] == "pass"
     names = {r[0] for r in rows(db_path, "SELECT DISTINCT name FROM server_metrics")}
@@ -236,3 +236,38 @@ def test_a_server_that_slows_down_fails_and_the_diagnosis_names_the_server(db_pa
     result = run_soak(settings(db_path, srv, "run.duration=8"))
     assert criteria(db_path, result.run_id)["drops"] == "fail"
     assert any(h.startswith("the model server is the bottleneck") for h in result.verdict.hints)
+
+
+def test_stream_false_times_the_whole_answer_as_infer_and_counts_usage_tokens(db_path, server):
+    """stream = false: infer covers the whole answer (first token + the rest), decode only
+    parses it, tokens from usage."""
+    srv = server("--ttft-ms", "30", "--itl-ms", "10")
+    result = run_soak(settings(db_path, srv, "workload.stream=false", "run.duration=3"))
+    got = rows(
+        db_path,
+        "SELECT infer_ms, decode_ms, out_tokens FROM frames WHERE run_id = ? AND error IS NULL"
+        " AND first = 0",
+        result.run_id,
+    )
+    assert len(got) >= 5
+    for infer, decode, tokens in got:
+        assert infer >= 30 + 5 * 10 * 0.8
+        assert decode < 10
+        assert tokens == 6
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("workload.base_url='ftp://host/v1'", "workload.base_url: must be an http(s):// URL"),
+        ("workload.extra_body={stream=false}", "workload.extra_body: 'stream' is set by soakd"),
+        ("workload.api_key_env='not a name'", "workload.api_key_env: must name an environment"),
+    ],
+)
+def test_bad_openai_settings_are_refused_naming_the_key(override: str, message: str) -> None:
+    """A bad base_url, a body key soakd owns or a bad variable name: one line naming it."""
+    from soakd.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_settings(overrides=["workload.kind=openai", override])
+    assert str(err.value).startswith(message)

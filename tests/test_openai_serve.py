@@ -81,7 +81,7 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
     db = tmp_path / "serve.db"
     out = run_cli(
         "run", "configs/openai-endpoint.toml", "--no-live", "--db", str(db),
-        "--set", f"workload.base_url={base_url!r}", "--duration", "15", "--fps", "4",
+        "--set", f"workload.base_url={base_url!r}", "--duration", "10", "--fps", "4",
         "--set", "run.warmup_s=2", "--set", "workload.max_tokens=8",
         "--set", "source.width=160", "--set", "source.height=120",
         "--set", "criteria.min_duration_s=1", "--set", "criteria.min_frames=10",
@@ -96,7 +96,7 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
             "SELECT server_rss_bytes FROM samples ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         n_ok = conn.execute("SELECT count(*) FROM frames WHERE error IS NULL").fetchone()[0]
-    assert n_ok >= 30
+    assert n_ok >= 25
     assert tokens == {8}
     assert verdict["memory_server_rss"] in ("pass", "fail", "invalid")  # judged, never n/a
     assert abs(rss - _tree_rss(pid)) < 0.15 * rss  # the server's processes, not soakd's
