@@ -40,6 +40,7 @@ from soakd.telemetry.server import (
 )
 
 from .conftest import make_run
+from .openai_test_server import start_server
 from .test_telemetry import make_fake_pynvml
 
 MB = 1024**2
@@ -493,8 +494,6 @@ def test_merge_export_and_prune_carry_server_metrics(tmp_path: Path) -> None:
 def test_a_server_that_cannot_be_found_is_exit_2_before_any_run_row(db_path: Path) -> None:
     """run_soak of a served model whose server_pid names no process raises the one-line
     UsageError after the workload answered and before a runs row exists."""
-    from tests.openai_test_server import start_server
-
     pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
     with start_server() as server:
         s = load_settings(
