@@ -14,7 +14,14 @@
    ``step_mb`` MiB on it and checks that ``GpuDevicesProbe`` puts the rise on that GPU's
    ``DeviceSample`` (not on another's), that its used memory matches a direct NVML read and
    that its UUID is the one torch reports for that CUDA ordinal (CUDA_VISIBLE_DEVICES).
-4. With 2+ visible GPUs, a real soak (``run_soak``) of a model sharded over cuda:0 and
+4. ``workload.timing``, "events" against "sync", through the real staged driver (unpaced
+   runs, read back from their databases): (a) ``QueuedWork``, whose ``preprocess`` queues a
+   matmul chain without waiting and whose ``infer`` waits for a small one: both timings
+   must put the chain in ``pre`` (at least 80 % of its synchronized time) and not in
+   ``infer``, the events run must store ``stage_timing = "events"`` and be no slower per
+   frame; (b) the tiny LLaVA (``tiny-vlm``) on the device: the events run's stages must sum
+   to its total and its median total stay within 25 % of the sync run's.
+5. With 2+ visible GPUs, a real soak (``run_soak``) of a model sharded over cuda:0 and
    cuda:1 by a ``device_map`` in its options: ``gpu_samples`` must hold one row per tick for
    each GPU under the UUIDs NVML gives, and the verdict a ``memory_gpu[i]`` for each. On a
    one-GPU host it says it skipped this.
@@ -218,6 +225,151 @@ def _check_every_gpu(torch: Any, mb: int) -> dict[str, Any]:
     return {"gpus": per, "ok": all(p["ok"] for p in per)}
 
 
+class QueuedWork:
+    """``preprocess`` queues ``reps`` matmuls of ``n`` x ``n`` on the GPU and returns at once;
+    ``infer`` runs one small matmul and waits for its result (``.item()``), as ``generate``
+    waits for its tokens; ``decode`` is host work."""
+
+    shape = "staged"
+
+    def __init__(self, options: dict[str, Any], device: str) -> None:
+        self.n, self.reps, self.device = (
+            int(options.get("n", 4096)),
+            int(options.get("reps", 8)),
+            device,
+        )
+
+    def setup(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.a = torch.randn(self.n, self.n, device=self.device)
+        self.small = torch.randn(64, 64, device=self.device)
+
+    def preprocess(self, frame: Any) -> Any:
+        x = self.a
+        for _ in range(self.reps):
+            x = self.a @ x
+        return x
+
+    def infer(self, x: Any) -> Any:
+        return (self.small @ self.small).sum().item() + float(x.numel())
+
+    def decode(self, out: Any) -> Any:
+        from soakd.records import StageOutput
+
+        return StageOutput(text=f"{out:.1f}", tokens=1)
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "queued_work", "n": self.n, "reps": self.reps}
+
+    def close(self) -> None:
+        del self.a, self.small
+
+
+def queued_work(options: dict[str, Any], ctx: Any) -> QueuedWork:
+    """The ``kind = "python"`` factory of ``QueuedWork``."""
+    return QueuedWork(options, ctx.device)
+
+
+def _timed_run(overrides: list[str], frames: int) -> dict[str, Any]:
+    """An unpaced run of ``frames`` frames: the timing it used, its fallback events and the
+    medians of its stages (the first frame left out)."""
+    import sqlite3
+    import tempfile
+
+    from soakd.config import load_settings
+    from soakd.run.runner import run_soak
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = f"{tmp}/timing.db"
+        base = [f"run.db={db!r}", "run.warmup_s=0", "run.log_every=0"]
+        result = run_soak(
+            load_settings(overrides=[*base, *overrides]),
+            max_frames=frames,
+            paced=False,
+            judge=False,
+        )
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "SELECT pre_ms, infer_ms, decode_ms, total_ms - grab_ms FROM frames"
+                " WHERE run_id = ? AND NOT first AND error IS NULL",
+                (result.run_id,),
+            ).fetchall()
+            fallbacks = conn.execute(
+                "SELECT message FROM events WHERE run_id = ? AND kind = 'stage_timing'",
+                (result.run_id,),
+            ).fetchall()
+    names = ("pre_ms", "infer_ms", "decode_ms", "stages_total_ms")
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 4
+    med = {
+        k: round(statistics.median(c), 3) if c else None for k, c in zip(names, cols, strict=True)
+    }
+    gaps = [abs(p + i + d - t) for p, i, d, t in rows]
+    return {
+        "used": result.summary.get("stage_timing"),
+        "fallbacks": [m for (m,) in fallbacks],
+        "frames": len(rows),
+        **med,
+        "max_stage_sum_gap_ms": round(max(gaps, default=0.0), 3),
+    }
+
+
+def _chain_ms(torch: Any, device: str, n: int, reps: int) -> float:
+    """The matmul chain's own synchronized time (ms, median of 5)."""
+    a = torch.randn(n, n, device=device)
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        x = a
+        for _ in range(reps):
+            x = a @ x
+        torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times[1:])
+
+
+def _check_timing_modes(torch: Any, device: str, frames: int) -> dict[str, Any]:
+    """workload.timing "events" against "sync" on planted queued work and on the tiny
+    LLaVA (see the module's docstring, step 4)."""
+    chain = _chain_ms(torch, device, 4096, 8)
+    queued = [
+        'workload.kind="python"',
+        'workload.factory="bench.gpu_check:queued_work"',
+        f'workload.device="{device}"',
+        "workload.options={n = 4096, reps = 8}",
+    ]
+    tiny = [
+        'workload.kind="tiny-vlm"',
+        f'workload.device="{device}"',
+        "source.width=320",
+        "source.height=240",
+    ]
+    runs = {
+        f"{name}_{mode}": _timed_run([*over, f'workload.timing="{mode}"'], frames)
+        for name, over in (("queued", queued), ("tiny_vlm", tiny))
+        for mode in ("sync", "events")
+    }
+    qs, qe, ts, te = (
+        runs[k] for k in ("queued_sync", "queued_events", "tiny_vlm_sync", "tiny_vlm_events")
+    )
+    checks = {
+        "events_used": qe["used"] == te["used"] == "events" and not qe["fallbacks"],
+        "sync_puts_chain_in_pre": (qs["pre_ms"] or 0) >= 0.8 * chain,
+        "events_put_chain_in_pre": (qe["pre_ms"] or 0) >= 0.8 * chain,
+        "events_keep_chain_out_of_infer": (qe["infer_ms"] or 1e9) < 0.2 * chain,
+        "events_no_slower": (qe["stages_total_ms"] or 1e9) <= 1.05 * (qs["stages_total_ms"] or 0),
+        "tiny_stages_sum_to_total": te["max_stage_sum_gap_ms"] < 0.01,
+        "tiny_total_close_to_sync": abs((te["stages_total_ms"] or 0) - (ts["stages_total_ms"] or 0))
+        <= 0.25 * (ts["stages_total_ms"] or 0),
+    }
+    return {"chain_ms": round(chain, 3), "runs": runs, "checks": checks, "ok": all(checks.values())}
+
+
 class ShardedWorkload:
     """A model split in two by ``device_map`` (``{"half0": 0, "half1": 1}``): each frame runs
     a matmul on the first half's GPU, moves the result to the second's and runs another."""
@@ -331,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--step-mb", type=int, default=256)
     ap.add_argument("--sharded-s", type=float, default=20.0, help="the sharded soak's length")
+    ap.add_argument("--timing-frames", type=int, default=30, help="frames per timing run")
     args = ap.parse_args(argv)
 
     try:
@@ -382,10 +535,11 @@ def main(argv: list[str] | None = None) -> int:
         "sampler_cpu_pct_of_core": round(100 * sampler.cpu_ns / 1e9 / max(sawtooth_s, 1e-9), 3),
         "telemetry": _check_series(samples, args.step_mb, args.steps),
         "stage_timing": _stage_timing(torch, device),
+        "timing_modes": _check_timing_modes(torch, device, args.timing_frames),
         "every_gpu": _check_every_gpu(torch, args.step_mb),
         "sharded_run": _check_sharded_run(torch, args.sharded_s),
     }
-    parts = ("telemetry", "stage_timing", "every_gpu", "sharded_run")
+    parts = ("telemetry", "stage_timing", "timing_modes", "every_gpu", "sharded_run")
     result["ok"] = all(result[k]["ok"] for k in parts)
     print(json.dumps(result, indent=2, default=str))
     return 0 if result["ok"] else 1

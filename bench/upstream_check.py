@@ -4,7 +4,7 @@
         --tokenizer-dir D --da3-dir D] [--knob NAME VALUE] [--seconds 20] [--fps 1.33]
         [--device cuda]
     python -m bench.upstream_check --moss PATH [--moss-tiny] [--seconds 20] [--moss-fps 2]
-        [--moss-set KEY VALUE] [--device cpu]
+        [--moss-set KEY VALUE] [--device cpu] [--moss-venv DIR | --moss-here]
 
 ``--matrix-game PATH``: a local checkout of Riemann-Dynamics/Matrix-Game-3.5 (fetched by
 the person running the check; nothing of it is copied into soakd).
@@ -25,6 +25,15 @@ the person running the check; nothing of it is copied into soakd).
    word-level tokenizer, registered in their model table, at 64x64 with
    ``memory_mode = "empty"`` (no Depth-Anything-3 weights); ``--knob`` overrides.
 
+``--moss PATH`` runs under **transformers 4.57** (``MOSS_TRANSFORMERS``), the line the
+authors' remote code is written for: on 5.x their ``apply_chat_template(...,
+return_tensors="pt")`` returns a ``BatchEncoding`` and the generation thread dies at its first
+step. Their files are never patched: when the interpreter running the check has another
+transformers, the MOSS part runs in a separate venv (``--moss-venv``, default ``.venv-moss``
+in the repository, git-ignored), built on first use with ``MOSS_VENV_PACKAGES`` (soakd is put
+on its ``PYTHONPATH``, not installed: soakd's own venv keeps transformers 5), and the check
+says so; ``--moss-here`` runs it in this interpreter anyway.
+
 ``--moss PATH``: a folder holding MOSS-VL-Realtime's remote-code files and weights (the
 real checkpoint, or a small random-weight one saved from its own config class; with
 ``--moss-tiny`` only their ``*_moss_vl.py`` files, and ``moss_tiny`` saves random weights of
@@ -35,7 +44,8 @@ of each ``*.py`` in it, then the session API soakd calls (``create_realtime_sess
 ``push_frame``, ``push_prompt``, ``poll_output``, ``close``) compared with the CI stand-in
 (tests/tiny_session.py) by ``ast``, then a ``--seconds`` soak through soakd's built-in
 ``session`` workload (``trust_remote_code``; ``MOSS_KEYS``, ``--moss-set`` overrides) at
-``--moss-fps``, printing the stage medians (NULL: the session hides its stages), consume
+``--moss-fps``, printing the stages soakd's hooks time per frame (their processor call,
+model step and detokenisation), consume
 latency (push -> the model takes the frame), consume -> first output, capture -> next output,
 the session counters (outputs by kind, drops, questions and their answer latency) and the
 verdict. Prints one JSON document at the end (``--out`` writes it too); exit 0 when the
@@ -50,6 +60,7 @@ import ast
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -342,7 +353,11 @@ def soak_matrix_game(checkout: Path, tmp: Path, args: argparse.Namespace) -> dic
         "workdir": str(tmp / "work"),
         **(_placeholders(tmp, args) | weights),
     }
-    knobs = (TINY_KNOBS if args.tiny else {}) | dict(args.knob or [])
+    extra = dict(args.knob or [])
+    tiny = {
+        k: v for k, v in TINY_KNOBS.items() if k != "num_blocks" or "episode_frames" not in extra
+    }
+    knobs = (tiny if args.tiny else {}) | extra  # episode_frames replaces num_blocks
     ov = ["workload.kind=matrix_game", f"workload.device={args.device}"]  # kind first
     ov += [f"workload.{k}='{v}'" for k, v in keys.items()]
     ov += [f"workload.{k}={v}" for k, v in knobs.items()]
@@ -366,19 +381,14 @@ def soak_matrix_game(checkout: Path, tmp: Path, args: argparse.Namespace) -> dic
 
 
 def figures(db: Path, res: Any) -> dict[str, Any]:
-    """Stage medians per chunk, first output, interval levels and the verdict of a run."""
+    """Stage medians per chunk, first output, the presentation interval and the per-frame
+    average (the run summary's levels), what content_fps and jitter judged, the episodes
+    and the verdict of a run."""
     conn = sqlite3.connect(db)
     try:
         rows = conn.execute(
             "SELECT name, ms FROM chunk_stages WHERE run_id = ?", (res.run_id,)
         ).fetchall()
-        iv = [
-            r[0]
-            for r in conn.execute(
-                "SELECT interval_ms FROM emissions WHERE run_id = ? AND interval_ms IS NOT NULL",
-                (res.run_id,),
-            )
-        ]
         n_chunks = conn.execute(
             "SELECT count(*) FROM frames WHERE run_id = ?", (res.run_id,)
         ).fetchone()[0]
@@ -388,40 +398,85 @@ def figures(db: Path, res: Any) -> dict[str, Any]:
     for name, ms in rows:
         stages.setdefault(name, []).append(ms)
     med = {k: round(float(np.median(v)), 2) for k, v in sorted(stages.items())}
-    v = res.verdict
+    v, sm = res.verdict, res.summary
+    judged = {
+        c.criterion: {"status": c.status, "detail": c.detail}
+        for c in getattr(v, "criteria", [])
+        if c.criterion in ("content_fps", "jitter")
+    }
     out = {
         "status": res.status,
         "reason": res.reason,
         "chunks": n_chunks,
+        "episodes": sm.get("rollout_episodes"),
         "stage_median_ms": med,
-        "first_output_ms": res.summary.get("first_output_ms"),
-        "interval_p50_ms": round(float(np.percentile(iv, 50)), 2) if iv else None,
-        "interval_p95_ms": round(float(np.percentile(iv, 95)), 2) if iv else None,
+        "first_output_ms": sm.get("first_output_ms"),
+        "presentation_ms": sm.get("presentation_ms"),
+        "per_frame_ms": sm.get("interval_ms"),
+        "judged_on": sm.get("interval_judged_on"),
+        "judged": judged,
         "verdict": getattr(v, "status", None),
         "verdict_reason": getattr(v, "reason", None),
         "hints": list(getattr(v, "hints", []) or []),
     }
-    _log(f"  {n_chunks} chunks; stage medians (ms per chunk): {med}")
+    _log(f"  {n_chunks} chunks in {out['episodes']} episode(s); stage medians (ms): {med}")
+    pr, pf = out["presentation_ms"] or {}, out["per_frame_ms"] or {}
     _log(
-        f"  first output {out['first_output_ms']} ms; interval p50 {out['interval_p50_ms']}"
-        f" p95 {out['interval_p95_ms']} ms; verdict {out['verdict']}: {out['verdict_reason']}"
+        f"  first output {out['first_output_ms']} ms; presentation interval p50 "
+        f"{pr.get('p50')} p95 {pr.get('p95')} max {pr.get('max')} ms; per-frame average "
+        f"p50 {pf.get('p50')} p95 {pf.get('p95')} max {pf.get('max')} ms; judged on "
+        f"{out['judged_on']}"
     )
+    for name, c in judged.items():
+        _log(f"  {name}: {c['status']}: {c['detail']}")
+    out["report_lines"] = report_lines(db, res.run_id)
+    for line in out["report_lines"]:
+        _log(f"  report: {line}")
+    _log(f"  verdict {out['verdict']}: {out['verdict_reason']}")
     return out
+
+
+def report_lines(db: Path, run_id: str) -> list[str]:
+    """The Markdown report's first-output and interval lines of the run."""
+    from soakd.analysis import evaluate
+    from soakd.report import render
+    from soakd.store import db as store
+
+    conn = store.connect(db)
+    try:
+        md = render("md", *evaluate(conn, run_id))
+    finally:
+        conn.close()
+    return [ln for ln in md.splitlines() if "First output" in ln or "interval**" in ln]
 
 
 # --- MOSS-VL-Realtime
 
-#: what the soak sets for a tiny checkpoint on a CPU (``--moss-set`` adds or overrides):
-#: one torch thread (OpenMP spinning beside soakd's threads costs ~4x on 2 cores), small
-#: frames, a token-rate cap, and one question pushed mid-run (``push_prompt``)
+#: what the soak sets for a tiny checkpoint on a CPU (``--moss-set`` adds or overrides; the
+#: rest are the workload's defaults, which follow the authors' runner): one torch thread
+#: (OpenMP spinning beside soakd's threads costs ~4x on 2 cores), small frames, float32 (a
+#: CPU), and one question pushed mid-run (``push_prompt``)
 MOSS_KEYS = {
     "torch_threads": "1",
     "max_pixels": "16384",
-    "frame_queue_size": "8",
-    "max_tokens_per_turn": "20",
     "dtype": "'float32'",
     "questions": "[{at_s = 8, text = 'What changed?'}]",
 }
+#: the transformers line the authors' remote code is written for (docs/upstream.md)
+MOSS_TRANSFORMERS = "4.57"
+#: the MOSS venv: their transformers, a torch with a torchvision that imports beside it (their
+#: processing_moss_vl.py imports torchvision; beside the CPU torch 2.13.0 here torchvision
+#: 0.28.0 fails: "operator torchvision::nms does not exist"), soakd's own dependencies but
+#: transformers
+MOSS_VENV_PACKAGES = (
+    f"transformers=={MOSS_TRANSFORMERS}.*",
+    "torch==2.14.1",
+    "torchvision==0.29.1",
+    *("numpy>=1.26", "pillow>=10", "psutil>=5.9", "opencv-python-headless>=4.9"),
+    *("structlog>=24.1", "sqlite-utils>=3.36", "typer>=0.12", "rich>=13.7", "pydantic>=2.6"),
+    *("scipy>=1.11", "prometheus-client>=0.20", "httpx>=0.27", "httpx-sse>=0.4"),
+    "nvidia-ml-py>=12.535",
+)
 #: per-frame columns of a session run: the stages the model hides (NULL) and what soakd sees
 MOSS_STAGES = ("pre_ms", "infer_ms", "decode_ms")
 MOSS_LATENCIES = ("consume_ms", "consume_output_ms", "output_latency_ms")
@@ -461,11 +516,83 @@ def check_moss_signatures(folder: Path) -> dict[str, Any]:
     return {"same": same_n, "checked": len(rows), "differs": [r for r in rows if not r["same"]]}
 
 
+def transformers_version(python: str | None = None) -> str | None:
+    """The transformers version ``python`` (default: this interpreter) imports, or None."""
+    if python is None:
+        try:
+            import transformers
+        except ImportError:
+            return None
+        return str(transformers.__version__)
+    code = "import transformers; print(transformers.__version__)"
+    got = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    return (got.stdout.strip() or None) if got.returncode == 0 else None
+
+
+def moss_venv(venv: Path) -> Path:
+    """The MOSS venv's python: reused when it imports transformers ``MOSS_TRANSFORMERS``,
+    else built (``python -m venv`` + ``pip install MOSS_VENV_PACKAGES``)."""
+    python = venv / "bin" / "python"
+    have = transformers_version(str(python)) if python.exists() else None
+    if have is not None and have.startswith(MOSS_TRANSFORMERS + "."):
+        _log(f"MOSS venv {venv}: transformers {have} (reused)")
+        return python
+    _log(f"MOSS venv {venv}: building (transformers {MOSS_TRANSFORMERS}; minutes)")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *MOSS_VENV_PACKAGES], check=True)
+    return python
+
+
+def moss_in_venv(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """The MOSS part run by the MOSS venv's python (this check again with ``--moss-here``,
+    soakd on its ``PYTHONPATH``): its document, with the venv and transformers named."""
+    python = moss_venv(args.moss_venv.resolve())
+    version = transformers_version(str(python))
+    _log(f"MOSS-VL-Realtime runs in {python} (transformers {version}), not in this interpreter")
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="soakd-moss-") as tmp:
+        out = Path(tmp) / "moss.json"
+        cmd = [str(python), "-m", "bench.upstream_check", *_moss_argv(argv), "--moss-here"]
+        cmd += ["--out", str(out)]
+        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=path), cwd=REPO, check=False)
+        doc = json.loads(out.read_text()) if out.exists() else {}
+    got = doc.get("moss") or {"setup": f"the MOSS venv's check exited {proc.returncode}"}
+    return got | {"venv": str(args.moss_venv), "transformers": version}
+
+
+#: options of the check the MOSS venv's run does not take (Matrix-Game's, --out), with
+#: how many values each has
+_NOT_FOR_MOSS = {
+    **dict.fromkeys(("--matrix-game", "--commit", "--checkpoint", "--wan-dir"), 1),
+    **dict.fromkeys(("--tokenizer-dir", "--da3-dir", "--out", "--fps", "--moss-venv"), 1),
+    "--knob": 2,
+    "--tiny": 0,
+}
+
+
+def _moss_argv(argv: list[str]) -> list[str]:
+    """``argv`` without the options in ``_NOT_FOR_MOSS``."""
+    out, i = [], 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name in _NOT_FOR_MOSS:
+            i += 1 if "=" in argv[i] else 1 + _NOT_FOR_MOSS[name]
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def moss(args: argparse.Namespace) -> dict[str, Any]:
     """Soak a MOSS-VL-Realtime folder (remote code + weights, or with ``--moss-tiny`` the
     remote code alone) through ``kind = "session"``."""
     folder = args.moss.resolve()
-    out: dict[str, Any] = {"folder": str(folder), "files": remote_code_files(folder)}
+    out: dict[str, Any] = {
+        "folder": str(folder),
+        "files": remote_code_files(folder),
+        "transformers": transformers_version(),
+    }
     _log(f"MOSS-VL-Realtime folder {folder}")
     for name, digest in out["files"].items():
         _log(f"  {name} sha256 {digest}")
@@ -492,7 +619,9 @@ def soak_moss(folder: Path, db: Path, args: argparse.Namespace) -> dict[str, Any
     ov += ["workload.trust_remote_code=true", f"workload.device={args.device}"]
     ov += [f"workload.{k}={v}" for k, v in keys.items()]
     ov += [f"run.db='{db}'", f"run.duration={args.seconds}", f"run.fps={args.moss_fps}"]
-    ov += ["run.warmup_s=0", "run.log_every=0", f"criteria.min_frames={args.min_frames}"]
+    # a 2 s warm-up: the session driver's pacing baseline (0.5 s) is measured inside it
+    ov += ["run.warmup_s=2", "run.log_every=0", f"criteria.min_frames={args.min_frames}"]
+    ov += [f"criteria.min_duration_s={min(args.seconds / 2, 60.0)}"]
     try:
         res = run_soak(load_settings(overrides=ov))
     except UsageError as exc:
@@ -667,7 +796,7 @@ def session_figures(db: Path, res: Any) -> dict[str, Any]:
     finally:
         conn.close()
     column = {c: [r[i] for r in rows if r[i] is not None] for i, c in enumerate(cols)}
-    stages = {c: _levels(column[c])["p50"] for c in MOSS_STAGES}
+    stages = {c: _levels(column[c]) for c in MOSS_STAGES}
     v = res.verdict
     sm = res.summary
     out = {
@@ -676,12 +805,15 @@ def session_figures(db: Path, res: Any) -> dict[str, Any]:
         "frames": len(rows),
         "stage_median_ms": stages,
         **{c: _levels(column[c]) for c in MOSS_LATENCIES},
-        "session": {k: sm.get(k) for k in sorted(sm) if k.startswith(("session_", "silence"))},
+        "session": {
+            k: sm.get(k) for k in sorted(sm) if k.startswith(("session_", "silence", "pacing"))
+        },
         "verdict": getattr(v, "status", None),
         "verdict_reason": getattr(v, "reason", None),
+        "jitter": _criterion(v, "jitter"),
         "hints": list(getattr(v, "hints", []) or []),
     }
-    _log(f"  {len(rows)} frames; stage medians (ms): {stages} (NULL: the session hides them)")
+    _log(f"  {len(rows)} frames; stages (ms, soakd's hooks): {stages}")
     for c in MOSS_LATENCIES:
         _log(f"  {c}: {out[c]}")
     _log(f"  session: {out['session']}")
@@ -689,7 +821,13 @@ def session_figures(db: Path, res: Any) -> dict[str, Any]:
     return out
 
 
+def _criterion(v: Any, name: str) -> dict[str, Any] | None:
+    c = v.get(name) if v is not None else None
+    return None if c is None else {"status": c.status, "value": c.value, "detail": c.detail}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--matrix-game", type=Path, help="a checkout of Matrix-Game-3.5")
     p.add_argument("--commit", help="the checkout's commit, when it is not a git work tree")
@@ -723,6 +861,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("KEY", "VALUE"),
         help="a [workload] key for the MOSS soak (TOML value), e.g. --moss-set torch_threads 2",
     )
+    p.add_argument(
+        "--moss-venv",
+        type=Path,
+        default=REPO / ".venv-moss",
+        help=f"the venv with transformers {MOSS_TRANSFORMERS} for --moss (built when missing)",
+    )
+    p.add_argument(
+        "--moss-here",
+        action="store_true",
+        help="run --moss in this interpreter whatever its transformers",
+    )
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument(
         "--min-frames",
@@ -740,7 +889,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.matrix_game is not None:
         doc["matrix_game"] = matrix_game(args)
     if args.moss is not None:
-        doc["moss"] = moss(args)
+        here = transformers_version() or ""
+        if args.moss_here or here.startswith(MOSS_TRANSFORMERS + "."):
+            doc["moss"] = moss(args)
+        else:
+            _log(f"transformers {here} here; the authors' remote code needs {MOSS_TRANSFORMERS}")
+            doc["moss"] = moss_in_venv(args, argv)
     text = json.dumps(doc, indent=2, default=str)
     print(text)
     if args.out is not None:
@@ -758,7 +912,7 @@ def _passed(doc: dict[str, Any]) -> bool:
     ms = doc.get("moss")
     if ms is None:
         return True
-    if ms["signatures"]["differs"] or ms.get("setup") != "ok":
+    if ms.get("signatures", {}).get("differs", True) or ms.get("setup") != "ok":
         return False
     return ms.get("status") == "completed" and bool(ms["verdict"])
 

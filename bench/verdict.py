@@ -108,7 +108,9 @@ def _frame_rows(lo: int, n: int, rng: np.random.Generator) -> list[tuple[object,
 def _sample_rows(m: int, rng: np.random.Generator, t0_wall: float) -> list[tuple[object, ...]]:
     seq = np.arange(m)
     t = seq * SAMPLE_S + rng.exponential(0.0002, m)
-    saw = 20 * MB * ((t % 60.0) / 60.0)  # allocator sawtooth, 60 s period, no growth
+    # allocator sawtooth, no growth: a 3 s period, under the default 4 s floor window (a
+    # slower one reads as growth, docs/verdict.md)
+    saw = 20 * MB * ((t % 3.0) / 3.0)
     rss = (300 * MB + saw + rng.normal(0, 0.2 * MB, m)).astype(np.int64)
     cols = [
         np.full(m, RUN_ID, dtype=object),

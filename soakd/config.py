@@ -22,7 +22,7 @@ from functools import cache
 from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -31,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -55,10 +56,38 @@ _DURATION_RE = re.compile(
 )
 
 
+#: the longest a run, or any time setting, may be: a year. Longer is a typo, and a time far
+#: past it overflows the clocks and timers it is handed to (OverflowError mid-run)
+MAX_DURATION_S = 365 * 86_400
+#: the largest size of any other number setting (counts, sizes, rates, seeds): 2**53, the
+#: largest integer a float (and a JSON reader) holds exactly
+MAX_NUMBER = 2**53
+#: a number setting's unit, read from the end of its name (before any ``_per_``): its bound
+#: is a year in that unit
+_TIME_UNITS: dict[str, float] = {"ms": 1000.0, "s": 1.0, "seconds": 1.0}
+
+
 def _finite(seconds: float, value: Any) -> float:
     if not math.isfinite(seconds):
         raise ValueError(f"must be a finite number, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"must be at most {MAX_DURATION_S} s (a year), got {value!r}")
     return seconds
+
+
+def _bounded(name: str, v: Any) -> Any:
+    """``v`` (a number or a tuple of them, of the setting ``name``) within its bound: a
+    year for a time (``*_ms``, ``*_s``), MAX_NUMBER for any other number (a criterion's
+    hours, ``min_headroom_hours``, may ask for more than a year of headroom)."""
+    unit = name.split("_per_")[0].rsplit("_", 1)[-1]
+    per_s = _TIME_UNITS.get(unit) if "_" in name else None
+    limit = MAX_DURATION_S * per_s if per_s else MAX_NUMBER
+    what = f"{limit:.0f} {unit} (a year)" if per_s else f"{limit} (2**53)"
+    for x in v if isinstance(v, tuple) else (v,):
+        if isinstance(x, int | float) and not isinstance(x, bool) and abs(x) > limit:
+            side = "at most " if x > 0 else "at least -"
+            raise ValueError(f"must be {side}{what}, got {x!r}")
+    return v
 
 
 def parse_duration(value: Any) -> float:
@@ -146,12 +175,22 @@ def _check_labels(v: Any) -> dict[str, str]:
 Labels = Annotated[dict[str, str], BeforeValidator(_check_labels)]
 Device = Annotated[str, AfterValidator(_check_device)]  # cpu | cuda | cuda:N | mps
 FactoryRef = Annotated[str, AfterValidator(_check_factory)]  # "package.module:function"
+# how a staged workload on a torch device is timed: "sync" ends each stage after
+# workload.sync() (torch.cuda.synchronize); "events" records CUDA events at stage boundaries
+# (run/drivers/timing.py); on a CPU device both read the host clock
+StageTiming = Literal["sync", "events"]
 
 
 class _Section(BaseModel):
     # allow_inf_nan=False: every float of every section refuses NaN and +-infinity (also
     # given as strings or TOML nan/inf literals): "must be a finite number, got nan"
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _within_bounds(cls, v: Any, info: ValidationInfo) -> Any:
+        """Every number setting of every section is bounded (``_bounded``)."""
+        return _bounded(info.field_name or "", v)
 
 
 #: the most paced sources one run may drive (``run.streams``)
@@ -270,6 +309,7 @@ class TinyVlmWorkload(GenerationSettings):
     short_side: int = Field(56, ge=14, le=4096)  # input short side fed to the processor
     max_new_tokens: int = Field(8, ge=1, le=4096)
     device: Device = "cpu"
+    timing: StageTiming = "sync"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
     cache_dir: str | None = None  # default: $CACHE_DIRECTORY or ~/.cache/soakd
     torch_threads: int | None = Field(1, ge=1, le=1024)  # 1: no OpenMP contention on a CPU box
@@ -281,6 +321,7 @@ class HfWorkload(GenerationSettings):
     kind: Literal["hf"] = "hf"
     model_path: str
     device: Device = "cpu"  # cpu | cuda | cuda:N
+    timing: StageTiming = "sync"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     attn_implementation: str | None = None  # eager | sdpa | flash_attention_2
     trust_remote_code: bool = False
@@ -296,17 +337,29 @@ class SessionQuestion(_Section):
     text: str = Field(min_length=1)
 
 
+#: the authors' runner's default prompt (MOSS-VL-Realtime, run_online_inference.py)
+MOSS_RUNNER_PROMPT = (
+    "As the video streams frame by frame, respond to this question whenever the visual "
+    "evidence lets you answer or updates a previous answer; otherwise stay silent.\n\n"
+    "Question: What happens in the video?"
+)
+
+
 class SessionWorkloadSettings(GenerationSettings):
     """A model with MOSS-VL-Realtime's ``create_realtime_session`` interface."""
 
     kind: Literal["session"] = "session"
     model_path: str | None = None  # None: the built-in tiny session model (offline tests)
     device: Device = "cpu"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    attn_implementation: str | None = None
+    # as the authors' runner (inference/realtime/run_online_inference.py) ships them: dtype
+    # bfloat16, attention "auto" (flash_attention_2 on CUDA, else eager; None: transformers'
+    # own choice), their prompt, a frame queue of 256 (the tiny model uses neither dtype nor
+    # attention)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "bfloat16"
+    attn_implementation: str | None = "auto"
     trust_remote_code: bool = False
-    initial_prompt: str = "Watch the stream and answer when something changes."
-    frame_queue_size: int = Field(8, ge=1)
+    initial_prompt: str = MOSS_RUNNER_PROMPT
+    frame_queue_size: int = Field(256, ge=1)
     max_tokens_per_turn: int = Field(12, ge=1)
     max_new_tokens: int = Field(64, ge=1)
     poll_timeout_s: float = Field(0.05, gt=0, le=10)
@@ -394,6 +447,7 @@ class AvWorkloadSettings(GenerationSettings):
     # config has a thinker_config, else AutoModelForImageTextToText
     model_class: str | None = None
     device: Device = "cpu"
+    timing: StageTiming = "sync"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = False
     video_fps: float = Field(2.0, gt=0, le=60)
@@ -401,7 +455,9 @@ class AvWorkloadSettings(GenerationSettings):
     max_frames: int = Field(64, ge=1, le=1024)  # cap on the window's frames
     max_audio_seconds: float = Field(4.0, gt=0, le=600)
     use_audio_in_video: bool = False  # interleave the window's audio with its video in time
-    short_side: int = Field(56, ge=14, le=4096)
+    # resize before the processor; None: the source's own size (the processor's min / max
+    # pixels decide, as for a real stream)
+    short_side: int | None = Field(None, ge=14, le=4096)
     max_new_tokens: int = Field(8, ge=1, le=4096)
     cache_dir: str | None = None  # built-in tiny model: default $CACHE_DIRECTORY or ~/.cache/soakd
 
@@ -430,12 +486,18 @@ class MatrixGameWorkloadSettings(_Section):
     latent_window_size: int | None = Field(None, ge=1)
     context_chunks: int | None = Field(None, ge=0)  # rolling KV window, in chunks
     num_blocks: int | None = Field(None, ge=1)  # blocks per episode (the rollout's length)
+    # RGB frames per episode (one call of their rollout), rounded up to whole blocks; 0: one
+    # episode for the whole soak (KV cache and memory bank grow over it); None: num_blocks
+    episode_frames: int | None = Field(None, ge=0)
     memory_mode: str | None = None  # c0_plus_generated | c0_only | gt | empty
     height: int | None = Field(None, ge=16)  # resolution (pixels)
     width: int | None = Field(None, ge=16)
     device: Device = "cuda"  # where their pipeline runs (telemetry samples it; sync on CUDA)
     workdir: str | None = None  # their input workspace and memory cache; None: a temp folder
     response_timeout_s: Duration = Field(300.0, gt=0)  # no emit or chunk for this long = stall
+    # a stage their first episode never timed (a renamed hook): a warning and a
+    # missing_stage event instead of ending setup (exit 2)
+    allow_missing_stages: bool = False
 
 
 def _check_base_url(v: str) -> str:
@@ -518,6 +580,7 @@ class _DeclaredDevice(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
     device: Device = "cpu"
     device_map: str | dict[str, Any] | None = None
+    timing: StageTiming = "sync"  # a staged workload on device (one GPU): sync | events
 
     @model_validator(mode="before")
     @classmethod
@@ -718,13 +781,13 @@ class ThresholdSettings(_Section):
 class CriteriaSettings(_Section):
     """``[criteria]``: the pass criteria (see docs/verdict.md for each default and why)."""
 
-    min_duration_s: Duration = Field(10.0, ge=0)
+    min_duration_s: Duration = Field(60.0, ge=0)
     min_frames: int = Field(10, ge=1)
     max_drop_fraction: float = Field(0.05, ge=0, le=1)
     max_age_slope_ms_per_min: float = Field(50.0, ge=0)
     max_age_p95_ms: float | None = Field(None, gt=0)
     max_memory_growth_mb_per_min: float = Field(1.5, ge=0)  # 2.1 GB/day (docs/verdict.md)
-    floor_window_s: Duration = Field(10.0, gt=0)
+    floor_window_s: Duration = Field(4.0, gt=0)
     # time to exhaustion at the floor slope vs the headroom left (limit - peak used)
     min_headroom_hours: float = Field(24.0, ge=0)
     jitter_k: float | Literal["history"] = 5.0
@@ -738,6 +801,10 @@ class CriteriaSettings(_Section):
     # <= 1000 / content_fps) and the longest wait for the first output; None: not judged
     content_fps: float | None = Field(None, gt=0, le=1000)
     max_first_output_ms: float | None = Field(None, gt=0)
+    # what content_fps and a generator's jitter judge: "presentation", the waits between
+    # frames as they become visible (a chunk's frames out at once: one wait, the chunk gap);
+    # "per_frame", the gap spread over the chunk's frames (what a player that buffers sees)
+    generator_interval: Literal["presentation", "per_frame"] = "presentation"
     # served models (server_queue): the server's waiting requests may not rise faster than
     # this many a minute, its KV-cache use (0-1) not faster than this share a minute
     max_server_queue_slope_per_min: float = Field(1.0, ge=0)
@@ -843,6 +910,8 @@ class Settings(_Section):
         n = wl.get("concurrency") if isinstance(wl, Mapping) else None
         if not isinstance(n, int) or isinstance(n, bool) or not isinstance(run, Mapping | None):
             return data
+        if not 1 <= n <= MAX_STREAMS:
+            return data  # workload.concurrency's own bounds refuse it, naming it
         streams = (run or {}).get("streams", 1)
         if streams in (1, n):
             return {**data, "run": {**(run or {}), "streams": n}}
@@ -859,6 +928,8 @@ class Settings(_Section):
         if not isinstance(v, Mapping):
             raise ValueError("must be a table")
         kind = v.get("kind", "tiny-vlm")
+        if not isinstance(kind, str):
+            raise ValueError(f"kind: must be a workload name such as 'synthetic', got {kind!r}")
         model = BUILTIN_WORKLOADS.get(kind)
         if model is None:
             if kind not in entry_point_names():
@@ -1021,6 +1092,32 @@ def _key_loc(e: ErrorDetails) -> list[str]:
     ]
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (through unions, Annotated, containers)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+@cache
+def known_keys(model: type[BaseModel] | None = None, prefix: str = "") -> frozenset[str]:
+    """Every dotted key a config can set (every workload kind's keys under ``workload``)."""
+    keys: set[str] = set()
+    for name, field in (model or Settings).model_fields.items():
+        keys.add(prefix + name)
+        for sub in _models_in(field.annotation):
+            keys |= known_keys(sub, f"{prefix}{name}.")
+    return frozenset(keys)
+
+
+def _did_you_mean(path: str) -> str:
+    """`` (did you mean run.fps?)`` for an unknown key close to a known one in its section."""
+    section = path.rpartition(".")[0]
+    same = [k for k in known_keys() if k.rpartition(".")[0] == section]
+    near = difflib.get_close_matches(path, same, n=1, cutoff=0.75)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def _format_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = _key_loc(e)
@@ -1034,7 +1131,7 @@ def _format_error(err: ValidationError) -> str:
     for pat, rep in _PHRASES:
         msg = re.sub(pat, rep, msg)
     if e["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + _did_you_mean(".".join(loc))
     elif e["type"] == "missing":
         msg = "required key is missing"
     elif "input" in e and e["type"] not in ("value_error",) and not isinstance(e["input"], dict):

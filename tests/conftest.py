@@ -46,6 +46,9 @@ def synthetic(db_path: Path) -> Callable[..., Settings]:
             "source.height=48",
             "criteria.min_duration_s=1",
             "criteria.min_frames=5",
+            # 12 floor windows in the 2 s after a 2.5 s run's warm-up: a shortened one is
+            # INVALID
+            "criteria.floor_window_s=0.1",
         ]
         return load_settings(
             overrides=[*base, *overrides], flags={k.replace("__", "."): v for k, v in flags.items()}
@@ -63,6 +66,8 @@ SYNTH_CLI = [
     "--set", "source.height=48",
     "--set", "criteria.min_duration_s=1",
     "--set", "criteria.min_frames=5",
+    # 12 memory-floor windows in the 1.5 s after a 2 s soak's warm-up (shortened: INVALID)
+    "--set", "criteria.floor_window_s=0.1",
     # a few seconds cannot test memory growth: a 0.1 MB allocation after warm-up reads as
     # 1.5 MB/min (the default limit), so the floor trend is untested (INVALID) or, under
     # load, rising (FAIL) on a healthy soak; tests of the memory criteria set their own
@@ -159,10 +164,18 @@ def make_run(conn: sqlite3.Connection, **overrides: Any) -> str:
     return run.id
 
 
-#: the tests that hold a worker longest (mostly waiting on a real Prometheus, systemd or
-#: Slurm): collected first, so pytest-xdist (--dist loadfile) starts their files first and the
-#: rest fill around them (last, they would add their whole length to the suite's wall time)
-LONGEST_FIRST = ("test_prometheus_server.py", "test_nspawn.py", "test_slurm.py")
+#: the test files that hold a worker longest, longest first (seconds in one suite run:
+#: docs/benchmarks.md; mostly waiting on soaks, a real Prometheus, systemd or Slurm):
+#: collected first, so pytest-xdist (--dist loadfile --no-loadscope-reorder, .ci/test) starts
+#: them first and the rest fill around them (last, they would add their whole length to the
+#: suite's wall time; xdist's own reorder, by number of tests, started the 180 s Prometheus
+#: file, two tests, near the end)
+LONGEST_FIRST = (
+    "test_verdict.py", "test_prometheus_server.py", "test_openai.py", "test_docs.py",
+    "test_cli.py", "test_run_outcomes.py", "test_streams.py", "test_store_faults.py",
+    "test_bench_smoke.py", "test_nspawn.py", "test_install.py", "test_openai_serve.py",
+    "test_report.py", "test_verdict_shapes.py", "test_systemd_unit.py", "test_slurm.py",
+)  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from soakd.records import Frame, StageOutput
@@ -94,8 +95,9 @@ class Lifecycle:
 
     shape: Literal["staged"] = "staged"
 
-    def __init__(self, fail: str) -> None:
+    def __init__(self, fail: str, first_s: float = 0.0) -> None:
         self.fail = fail
+        self.first_s = first_s  # the first infer takes this long (a compile, a cache fill)
         self.n = 0
 
     def setup(self) -> None:
@@ -111,6 +113,8 @@ class Lifecycle:
 
     def infer(self, inputs: Any) -> Any:
         self.n += 1
+        if self.n == 1 and self.first_s:
+            time.sleep(self.first_s)
         if self.fail == "memory" and self.n % 3 == 0:
             raise MemoryError("cannot allocate 64 MiB")
         return inputs
@@ -129,4 +133,4 @@ class Lifecycle:
 
 
 def lifecycle(options: dict[str, Any], ctx: WorkloadContext) -> Lifecycle:
-    return Lifecycle(str(options["fail"]))
+    return Lifecycle(str(options["fail"]), float(options.get("first_s", 0.0)))

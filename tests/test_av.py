@@ -39,14 +39,16 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(TinySpec("qwen2.5-omni", seed=1), tmp_path_factory.mktemp("ckpt"))
 
 
-def _workload(cache: Path, rate: int | None = RATE, **kw: object) -> AvStaged:
-    ctx = WorkloadContext(width=320, height=240, audio_rate=rate, cache_dir=str(cache))
+def _workload(
+    cache: Path, rate: int | None = RATE, size: tuple[int, int] = (320, 240), **kw: object
+) -> AvStaged:
+    ctx = WorkloadContext(width=size[0], height=size[1], audio_rate=rate, cache_dir=str(cache))
     w = build(AvWorkloadSettings(**kw), ctx)  # type: ignore[arg-type]
     w.setup()
     return w
 
 
-def _frames(n: int, fps: int = FPS) -> list[Frame]:
+def _frames(n: int, fps: int = FPS, size: tuple[int, int] = (320, 240)) -> list[Frame]:
     rng = np.random.default_rng(0)
     period = 1_000_000_000 // fps
     return [
@@ -55,7 +57,7 @@ def _frames(n: int, fps: int = FPS) -> list[Frame]:
             t_sched_ns=0,
             t_capture_ns=i * period,
             grab_ns=0,
-            image=rng.integers(0, 255, (240, 320, 3), dtype=np.uint8),
+            image=rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8),
             audio=(0.1 * rng.standard_normal(RATE // fps)).astype(np.float32),
             stream_ns=i * period,
         )
@@ -63,9 +65,9 @@ def _frames(n: int, fps: int = FPS) -> list[Frame]:
     ]
 
 
-def _last_request(w: AvStaged, n: int, fps: int) -> Any:
+def _last_request(w: AvStaged, n: int, fps: int, size: tuple[int, int] = (320, 240)) -> Any:
     req = None
-    for f in _frames(n, fps):
+    for f in _frames(n, fps, size):
         req = w.preprocess(f)
     return req
 
@@ -200,12 +202,12 @@ def test_missing_checkpoint_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.model
 def test_tiny_counts_match_the_real_processor_settings(cache: Path) -> None:
-    """8 frames (56x75 after short_side) and 2 s of audio: one video raised to the
-    processor's min_pixels (grid 4x20x28, 560 tokens) and 128-bin features padded to 300 s
-    (50 tokens), as computed from the real processor's own settings."""
+    """8 frames of 320x240 and 2 s of audio: one video raised to the processor's min_pixels
+    (280x392, grid 4x20x28, 560 tokens) and 128-bin features padded to 300 s (50 tokens), as
+    computed from the real processor's own settings."""
     w = _workload(cache, video_fps=4, window_seconds=2)
     out = _feed(w, 8)
-    want = expected_counts(8, 56, 75, 2 * RATE, _real_settings())
+    want = expected_counts(8, 240, 320, 2 * RATE, _real_settings())
     assert out.extra is not None
     assert tuple(out.extra["video_grid_thw"]) == want.video_grid_thw == (4, 20, 28)
     assert out.vision_tokens == want.video_tokens == 560
@@ -216,6 +218,57 @@ def test_tiny_counts_match_the_real_processor_settings(cache: Path) -> None:
     assert d["video_min_pixels"] == 128 * 28 * 28
     assert (d["video_fps"], d["window_seconds"], d["window_frames"]) == (4.0, 2.0, 8)
     assert d["use_audio_in_video"] is False and d["min_new_tokens"] == d["max_new_tokens"]
+
+
+@pytest.mark.model
+def test_default_size_is_the_sources_and_the_processor_counts_it(cache: Path) -> None:
+    """With short_side unset, a 640x480 stream reaches the processor at 640x480: 391 video
+    tokens per grid step (2 frames), the count transformers' own Qwen2-VL code gives that
+    frame at the size Qwen2_5OmniProcessor passes its video processor (a 56-pixel short side
+    would be raised to 280x392: 140)."""
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniProcessor
+
+    w = _workload(cache, None, (640, 480), video_fps=FPS, window_seconds=0.5, max_new_tokens=1)
+    out = w.decode(w.infer(_last_request(w, 2, FPS, (640, 480))))
+    images = w.processor.image_processor
+    size = Qwen2_5OmniProcessor.videos_kwargs["size"]
+    per_frame = images.get_number_of_image_patches(480, 640, {"size": size})
+    assert out.extra is not None and out.extra["video_grid_thw"] == [1, 34, 46]
+    assert out.vision_tokens == per_frame // images.merge_size**2 == 391
+    assert w.describe()["short_side"] is None
+
+
+@pytest.mark.model
+def test_loading_the_tiny_thinker_is_silent(checkpoint: Path, cache: Path) -> None:
+    """Every special-token id of the tiny thinker's config lies inside its vocabulary, and
+    loading the checkpoint (processor, thinker, the setup check) logs no transformers warning
+    and raises no Python warning."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    cfg = json.loads((checkpoint / "config.json").read_text())["thinker_config"]
+    vocab = cfg["text_config"]["vocab_size"]
+    ids = {k: v for k, v in cfg.items() if k.endswith(("_token_id", "_token_index"))}
+    assert ids and all(0 <= v < vocab for v in ids.values()), (vocab, ids)
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep(logging.WARNING)
+    root = logging.getLogger("transformers")
+    hf_logging.warning_once.cache_clear()  # warnings already given once in this process
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _workload(cache, rate=None, model_path=str(checkpoint))
+    finally:
+        root.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == [] and [str(c.message) for c in caught] == []
 
 
 @pytest.mark.model

@@ -48,6 +48,8 @@ def run_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.C
             "run.warmup_s=0.5",
             "--set",
             "criteria.min_duration_s=1",
+            "--set",
+            "criteria.floor_window_s=0.2",
         ),
         capture_output=True,
         text=True,
@@ -75,8 +77,8 @@ def test_frame_log_lines_carry_the_seed_fields_at_the_cadence(
 def test_runs_lists_the_run_and_show_summarises_it(
     run_db: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
-    """`soakd runs -f json` lists the run with its verdict; `soakd show RUN -f json` has
-    the stage statistics and the run's summary."""
+    """`soakd runs -f json` lists the run with its verdict; `soakd show RUN` has the stage
+    statistics, the run's summary, its events from the warm-up's end on, and its criteria."""
     db, _ = run_db
     p = subprocess.run(
         soakd_cmd("runs", "--db", str(db), "-f", "json"), capture_output=True, text=True, timeout=60
@@ -96,10 +98,14 @@ def test_runs_lists_the_run_and_show_summarises_it(
     assert doc["run"]["id"] == run_id
     assert 4 <= doc["stages"]["infer"]["p50"] <= 20
     assert doc["run"]["summary"]["frames_done"] >= 55
+    assert "warmup_end" in {e["kind"] for e in doc["events"]}
+    crit = {c["criterion"]: c["status"] for c in doc["criteria"]}
+    assert crit["run"] == "pass" and "memory_rss" in crit and "evidence" not in doc["criteria"][0]
     p = subprocess.run(
         soakd_cmd("show", "--latest", "--db", str(db)), capture_output=True, text=True, timeout=60
     )
     assert p.returncode == 0 and "infer" in p.stdout and run_id in p.stdout
+    assert "warmup_end" in p.stdout and "memory_rss" in p.stdout
 
 
 def test_show_unknown_run_is_a_usage_error(

@@ -86,6 +86,23 @@ def test_bad_values_name_the_key_path(overrides: list[str], message: str) -> Non
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("run.fsp", " (did you mean run.fps?)"),
+        ("criteria.min_duraton_s", " (did you mean criteria.min_duration_s?)"),
+        ("workload.infer_mss", " (did you mean workload.infer_ms?)"),
+        ("run.zzz", ""),  # nothing close: no guess
+    ],
+)
+def test_an_unknown_key_close_to_a_known_one_says_which_it_may_be(key: str, hint: str) -> None:
+    """A typo of a key in the same section is named: "run.fsp: unknown key (did you mean
+    run.fps?)"; a key close to none gets no guess."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(overrides=["workload.kind=synthetic", f"{key}=2"])
+    assert str(info.value) == f"{key}: unknown key{hint}"
+
+
 def test_layers_flags_beat_set_beat_file(tmp_path: Path) -> None:
     """defaults < file < --set < flags."""
     cfg = tmp_path / "c.toml"

@@ -35,9 +35,10 @@ def test_oom_is_recorded_with_allocator_state_and_fails_memory(
     conn = sqlite3.connect(db_path)
     n_oom = conn.execute("SELECT count(*) FROM events WHERE kind = 'oom'").fetchone()[0]
     assert n_oom >= 5 and res.summary["ooms"] == n_oom
-    assert res.verdict is not None and res.verdict.status == "FAIL"
+    # never PASS; INVALID when a 2.5 s run's memory trend could not be tested (a loaded host)
+    assert res.verdict is not None and res.verdict.status in ("FAIL", "INVALID")
     failed = {c for (c,) in conn.execute("SELECT criterion FROM verdicts WHERE status = 'fail'")}
-    assert any("oom" in c or "memory" in c for c in failed), failed
+    assert "oom" in failed, failed
 
 
 def test_oom_stops_the_run_when_asked(synthetic: Callable[..., Settings]) -> None:

@@ -7,7 +7,10 @@ diagnosis, and a missing checkout, file or dependency one line, exit 2."""
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +30,8 @@ from soakd.run.runner import run_soak
 from soakd.store import db as store
 from soakd.workloads.base import Condition, WorkloadContext, WorkloadError
 from soakd.workloads.matrix_game import TOP_LEVEL, MatrixGameWorkload, import_checkout
+
+from .conftest import error_lines, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = REPO / "tests" / "stand_ins" / "matrix_game"
@@ -87,7 +92,11 @@ def _overrides(inputs: dict[str, str], tmp_path: Path, **extra: Any) -> list[str
 
 
 def _soak(inputs: dict[str, str], tmp_path: Path, **extra: Any) -> tuple[Any, Any, Any]:
-    res = run_soak(load_settings(overrides=_overrides(inputs, tmp_path, **extra)))
+    return _soak_with(_overrides(inputs, tmp_path, **extra), tmp_path)
+
+
+def _soak_with(overrides: list[str], tmp_path: Path) -> tuple[Any, Any, Any]:
+    res = run_soak(load_settings(overrides=overrides))
     conn = store.connect(tmp_path / "soakd.db")
     try:
         data, verdict = evaluate(conn, res.run_id)
@@ -119,8 +128,9 @@ def test_a_rollout_over_the_stand_in_reports_first_output_intervals_and_named_st
     assert {name for _, name, _ in stages} == STAGES
     per_chunk = {fid for fid, name, _ in stages if name == "denoise"}
     assert per_chunk == {fid for fid, _ in chunks}  # every chunk denoised, named
+    assert res.summary["rollout_episodes"] == math.ceil(len(chunks) / 6)  # 6 chunks each
     md = render("md", data, verdict)
-    assert "**First output:**" in md and "**output interval**" in md and "p95" in md
+    assert "**First output:**" in md and "**presentation interval**" in md and "p95" in md
     for name in STAGES:
         assert f"| {name} |" in md
     assert not any("memory_bank dominates" in h for h in verdict.hints)
@@ -290,3 +300,169 @@ def test_the_shipped_matrix_game_config_is_the_built_in_kind() -> None:
     assert isinstance(s.workload, MatrixGameWorkloadSettings)
     assert s.criteria.content_fps == 16.0
     assert all(getattr(s.workload, k) is None for k in ("schedule", "chunk_size", "num_blocks"))
+
+
+# --- a changed release: hooks that no longer attach, a changed boundary call
+
+
+def _drifted(tmp_path: Path, edits: dict[str, list[tuple[str, str]]]) -> str:
+    """A copy of the stand-in checkout with ``edits`` (file -> [(old, new)]) applied, as a
+    later release of theirs might have changed it."""
+    repo = tmp_path / "Matrix-Game-3.5"
+    shutil.copytree(STAND_IN, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel, pairs in edits.items():
+        path = repo / rel
+        text = path.read_text(encoding="utf-8")
+        for old, new in pairs:
+            assert old in text, (rel, old)
+            text = text.replace(old, new)
+        path.write_text(text, encoding="utf-8")
+    return str(repo)
+
+
+_ROLLOUT = "examples/wanvideo/pipeline/mosaic/causal_rollout.py"
+_RENAMED_BANK = {  # their memory bank's method renamed, and their loop calling the new name
+    "frustum/frustum_handler.py": [("def register_source_sequence(", "def register_frames(")],
+    _ROLLOUT: [("handler.register_source_sequence(", "handler.register_frames(")],
+}
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        (
+            _RENAMED_BANK,
+            r"^workload 'matrix_game': stage memory_bank was expected and never timed in the "
+            r"first episode \(no FrustumHandler\.register_source_sequence: a hook that no "
+            r"longer attaches\) \(workload\.allow_missing_stages = true runs without them\)$",
+        ),
+        (
+            {
+                "diffsynth/pipelines/wan_video.py": [("cache_read_chunk_id", "read_chunk_id")],
+                _ROLLOUT: [("cache_read_chunk_id", "read_chunk_id")],
+            },
+            r"their model_fn_causal_kv\(dit, latents_chunk, .*\) has no keyword "
+            r"cache_read_chunk_id: soakd expected model_fn_causal_kv\(\.\.\., "
+            r"latents_chunk=\.\.\., write_cache=\.\.\., cache_read_chunk_id=\.\.\.\)",
+        ),
+        (  # the boundary helper called through another name: soakd's shim never runs
+            {
+                _ROLLOUT: [
+                    (
+                        "import torch\n",
+                        "import torch\nfrom diffsynth.core.data import "
+                        "nonlocal_memory_context as _nmc\n",
+                    ),
+                    (
+                        "        _rolling_anchor_source_position(\n",
+                        "        _nmc.rolling_anchor_source_position(\n",
+                    ),
+                ]
+            },
+            r"chunk 1 of the episode began without the chunk-boundary hook: soakd expected "
+            r"_rolling_anchor_source_position\(local_chunk_idx=i, \.\.\.\) once at the start "
+            r"of chunk i",
+        ),
+        (  # the boundary call changed: was "the camera poses would not match" in episode 2
+            {
+                "diffsynth/core/data/nonlocal_memory_context.py": [
+                    ("local_chunk_idx", "chunk_index")
+                ],
+                _ROLLOUT: [("local_chunk_idx=i", "chunk_index=i")],
+            },
+            r"their _rolling_anchor_source_position\(chunk_index, frames_per_chunk, "
+            r"window_chunks, initial_anchor_source_position\) has no keyword local_chunk_idx: "
+            r"soakd expected _rolling_anchor_source_position\(\.\.\., local_chunk_idx=\.\.\.\)",
+        ),
+    ],
+    ids=["renamed-bank-method", "renamed-keyword", "aliased-boundary", "changed-boundary"],
+)
+def test_a_hook_that_no_longer_attaches_ends_setup_in_one_line(
+    inputs: dict[str, str], tmp_path: Path, edits: dict[str, Any], message: str
+) -> None:
+    """A release whose names moved (a renamed memory-bank method or model_fn_causal_kv
+    keyword, the boundary helper called through another name, a changed boundary call)
+    ends setup with one line naming the stage or hook and what soakd expected, exit 2,
+    before any row is written: never a silently missing stage."""
+    inputs["repo"] = _drifted(tmp_path, edits)
+    with pytest.raises(UsageError, match=message) as e:
+        run_soak(load_settings(overrides=_overrides(inputs, tmp_path)))
+    assert "\n" not in str(e.value) and int(e.value.exit_code) == 2
+    assert "camera poses" not in str(e.value)
+    db = tmp_path / "soakd.db"
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM frames").fetchone() == (0,)
+
+
+def test_allow_missing_stages_runs_with_a_warning_event(
+    inputs: dict[str, str], tmp_path: Path
+) -> None:
+    """workload.allow_missing_stages = true: the renamed memory-bank method does not stop
+    the run; it completes and its events carry one missing_stage event naming the stage."""
+    inputs["repo"] = _drifted(tmp_path, _RENAMED_BANK)
+    res = run_soak(
+        load_settings(
+            overrides=_overrides(
+                inputs, tmp_path, **{"workload.allow_missing_stages": "true", "run.duration": 1}
+            )
+        ),
+        judge=False,
+    )
+    assert res.status == "completed", res.reason
+    with sqlite3.connect(tmp_path / "soakd.db") as conn:
+        events = conn.execute(
+            "SELECT message FROM events WHERE kind = 'missing_stage' AND run_id = ?",
+            (res.run_id,),
+        ).fetchall()
+    assert len(events) == 1
+    assert events[0][0].startswith("stage memory_bank was expected and never timed")
+    assert "FrustumHandler.register_source_sequence" in events[0][0]
+
+
+def test_episode_frames_0_runs_one_rollout_for_the_whole_soak(
+    inputs: dict[str, str], tmp_path: Path
+) -> None:
+    """workload.episode_frames = 0: their rollout is called once for the whole soak (its
+    blocks cover run.duration x run.fps chunks), so the chunks run on past the 6 of a
+    default episode in one episode, and the report says 1 episode."""
+    overrides = _overrides(inputs, tmp_path, **{"workload.episode_frames": 0})
+    overrides.remove("workload.num_blocks=3")
+    res, (data, verdict), (_, chunks) = _soak_with(overrides, tmp_path)
+    assert res.status == "completed", res.reason
+    assert len(chunks) > 6 and res.summary["rollout_episodes"] == 1
+    with sqlite3.connect(tmp_path / "soakd.db") as conn:
+        (described,) = conn.execute("SELECT workload FROM runs").fetchone()
+    assert json.loads(described)["blocks_per_episode"] * 2 >= 3 * 8 + 1  # 2 chunks a block
+    assert "; 1 episode (one rollout for the whole run)" in render("md", data, verdict)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("repo", "", "workload.repo is empty: name a checkout of Matrix-Game-3.5"),
+        ("camera", "damaged", "is not a camera track soakd can read"),
+    ],
+)
+def test_an_empty_repo_or_a_damaged_camera_file_is_one_line_exit_2(
+    inputs: dict[str, str], tmp_path: Path, key: str, value: str, message: str
+) -> None:
+    """`soakd run` with workload.repo = "" (which would be the current directory) or a
+    camera .npz that is not one (numpy would suggest allow_pickle) says so on one line,
+    exit 2, and never suggests unsafe loading."""
+    if value == "damaged":
+        value = str(tmp_path / "camera-damaged.npz")
+        Path(value).write_bytes(b"\x93NUMPY-not-really" + os.urandom(256))
+    inputs[key] = value
+    cfg = tmp_path / "mg.toml"
+    cfg.write_text(
+        "[workload]\nkind = 'matrix_game'\ndevice = 'cpu'\nprompt = 'a street'\n"
+        + "".join(f"{k} = '{v}'\n" for k, v in inputs.items())
+        + f"[run]\ndb = '{tmp_path / 'soakd.db'}'\nduration = 2\n"
+    )
+    out = run_cli("run", str(cfg), "--no-live")
+    assert out.returncode == 2, out.stderr
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and lines[0].startswith("soakd: error: workload 'matrix_game': ")
+    assert message in lines[0]
+    assert "pickle" not in out.stderr.lower()

@@ -67,6 +67,7 @@ height = 48
 [criteria]
 min_duration_s = 1
 min_frames = 5
+floor_window_s = 0.2
 [workload]
 kind = "synthetic"
 """

@@ -40,6 +40,7 @@ def settings(db: Path, server: ServerProcess, *overrides: str) -> Settings:
         "source.height=48",
         "criteria.min_duration_s=1",
         "criteria.min_frames=5",
+        "criteria.floor_window_s=0.3",  # 12 windows in the 4 s after the warm-up
     ]
     return load_settings(overrides=[*base, *overrides])
 

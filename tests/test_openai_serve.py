@@ -97,7 +97,8 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
         ).fetchone()
         n_ok = conn.execute("SELECT count(*) FROM frames WHERE error IS NULL").fetchone()[0]
     assert n_ok >= 25
-    assert tokens == {8}
+    # usage tokens recorded, max_tokens honoured (random weights may emit the end token early)
+    assert 8 in tokens and tokens <= set(range(1, 9)), tokens
     assert verdict["memory_server_rss"] in ("pass", "fail", "invalid")  # judged, never n/a
     assert abs(rss - _tree_rss(pid)) < 0.15 * rss  # the server's processes, not soakd's
     md = run_cli("report", run_id, "--db", str(db), "-f", "md", env=subprocess_env)

@@ -196,3 +196,25 @@ def test_profile_of_the_real_tiny_model(tmp_path: Path) -> None:
     assert isinstance(r.sample_output, str)
     assert r.recommended_fps is not None and r.recommended_fps > 0
     assert md_tables_consistent(r.to_markdown()) == 1
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_a_session_profile_recommends_the_rate_its_model_takes_frames_at(tmp_path: Path) -> None:
+    """`soakd profile configs/session.toml`: the rate is 1000 / the median interval between
+    the frames the tiny session model took (fed faster than it takes them), its stages and
+    output latency are reported, and no generation prompt is said to be held fixed."""
+    r = run_cli(
+        "profile", "configs/session.toml", "--frames", "8", "-f", "json",
+        "--db", str(tmp_path / "s.db"),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    se = d["session"]
+    assert se["taken"] >= 5 and se["take_interval_p50_ms"] > 0
+    assert d["theoretical_fps"] == pytest.approx(1000 / se["take_interval_p50_ms"])
+    assert d["rate_basis"] == "median interval between frames taken"
+    assert 0 < d["recommended_fps"] < d["theoretical_fps"] and d["fps_flag"].startswith("--fps ")
+    assert d["stages"]["infer"]["median"] > 0 and se["output_latency_p50_ms"] > 0
+    assert "prompt" not in d["held_fixed"] and "max_tokens_per_turn" in d["held_fixed"]
+    assert any("random weights" in n for n in d["notes"])

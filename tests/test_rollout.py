@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import pytest
 
-from soakd.analysis import evaluate
+from soakd.analysis import chunks, evaluate
 from soakd.analysis.data import make_run_data
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.model import RunMeta, Verdict
@@ -211,18 +211,36 @@ def test_rollout_intervals_run_on_across_chunks(
 def test_content_fps_fails_when_the_interval_p95_is_too_slow_and_passes_when_fast(
     slow_bank: tuple[sqlite3.Connection, RunResult],
 ) -> None:
-    """interval p95 <= 1000 / content_fps: 6 chunks/s x 4 frames gives ~42 ms intervals
-    (~83 ms across a skipped tick), too slow for 60 fps, fast enough for 8 fps; unset, it is
-    not judged."""
-    v60 = _judge(slow_bank, content_fps=60)
+    """generator_interval = "per_frame": interval p95 <= 1000 / content_fps: 6 chunks/s x 4
+    frames gives ~42 ms intervals (~83 ms across a skipped tick), too slow for 60 fps, fast
+    enough for 8 fps; unset, it is not judged."""
+    per_frame = {"generator_interval": "per_frame"}
+    v60 = _judge(slow_bank, content_fps=60, **per_frame)
     fail = v60.get("content_fps")
-    ok = _judge(slow_bank, content_fps=8).get("content_fps")
-    unset = _judge(slow_bank).get("content_fps")
+    ok = _judge(slow_bank, content_fps=8, **per_frame).get("content_fps")
+    unset = _judge(slow_bank, **per_frame).get("content_fps")
     assert fail is not None and ok is not None and unset is not None
     assert (fail.status, ok.status, unset.status) == ("fail", "pass", "n/a")
     assert fail.value is not None and 1000 / 60 < fail.value <= 1000 / 8
     assert fail.threshold == pytest.approx(1000 / 60)
     assert v60.failed == [fail]
+    assert fail.evidence["basis"] == "per_frame"
+
+
+@pytest.mark.model
+def test_content_fps_judges_the_presentation_interval_by_default(
+    slow_bank: tuple[sqlite3.Connection, RunResult],
+) -> None:
+    """By default content_fps judges the wait between visible updates: each chunk's 4
+    frames come out at once every ~167 ms (6 chunks/s), so 8 fps (125 ms), which the
+    per-frame average (~42 ms) passes, fails; 4 fps (250 ms) passes."""
+    fail = _judge(slow_bank, content_fps=8).get("content_fps")
+    ok = _judge(slow_bank, content_fps=4).get("content_fps")
+    assert fail is not None and ok is not None
+    assert (fail.status, ok.status) == ("fail", "pass")
+    assert fail.evidence["basis"] == "presentation"
+    assert fail.value is not None and 125 < fail.value < 250
+    assert fail.detail.startswith("presentation interval p95")
 
 
 @pytest.mark.model
@@ -240,12 +258,17 @@ def test_max_first_output_ms_judges_the_first_emission(
 
 
 @pytest.mark.model
-def test_chunk_times_are_what_jitter_judges(
+def test_jitter_judges_the_presentation_interval_or_the_chunk_times(
     slow_bank: tuple[sqlite3.Connection, RunResult],
 ) -> None:
-    """Each chunk is a frames row: the jitter criterion judges the chunks' wall times."""
+    """By default the jitter rule judges a rollout's waits between visible updates (~167 ms
+    at 6 chunks/s); with generator_interval = "per_frame" each chunk's wall time (a frames
+    row, > 60 ms with its memory bank)."""
     j = _judge(slow_bank).get("jitter")
-    assert j is not None and j.status == "pass"
+    assert j is not None and j.status == "pass" and j.title == "Presentation interval jitter"
+    assert j.evidence["source"] == "presentation_ms" and 120 < j.evidence["median_ms"] < 220
+    j = _judge(slow_bank, generator_interval="per_frame").get("jitter")
+    assert j is not None and j.status == "pass" and j.title == "Chunk time jitter"
     assert j.evidence["source"] == "total_ms" and j.evidence["median_ms"] > 60
 
 
@@ -284,6 +307,30 @@ def test_reports_show_first_output_intervals_their_tail_and_the_stage_table(
     assert shown.returncode == 0, shown.stderr
     bank = json.loads(shown.stdout)["chunk_stages"]["memory_bank"]
     assert bank["p50"] >= 60 and bank["n"] >= 5
+
+
+@pytest.mark.model
+def test_reports_show_the_presentation_interval_beside_the_per_frame_average(
+    slow_bank: tuple[sqlite3.Connection, RunResult],
+) -> None:
+    """Markdown, HTML, JSON (summary.generator) and `soakd show` give the presentation
+    interval (4 frames out at once: 3 in 4 are 0, the max is the largest chunk gap, 4x the
+    per-frame average's) beside the per-frame average, and say which one was judged."""
+    conn, res = slow_bank
+    data, v = evaluate(conn, res.run_id)
+    g = verdict_dict(data, v)["summary"]["generator"]
+    pr, pf = g["presentation"], g["interval"]
+    assert g["judged_on"] == "presentation" and pr["n"] == pf["n"] and pr["p50"] == 0
+    assert pr["max"] == pytest.approx(4 * pf["max"], rel=1e-6)
+    judged = "**presentation interval** (judged: criteria.generator_interval)"
+    assert judged in render_markdown(data, v)
+    html = render_html(data, v)
+    assert 'id="intervals"' in html and "presentation interval (judged" in html
+    db = conn.execute("PRAGMA database_list").fetchone()[2]
+    shown = run_cli("show", res.run_id, "--db", db)
+    assert shown.returncode == 0, shown.stderr
+    line = next(ln for ln in shown.stdout.splitlines() if "presentation interval" in ln)
+    assert "(judged)" in line and f"max {pr['max']:.4g}" in line
 
 
 @pytest.mark.model
@@ -482,3 +529,24 @@ def test_the_driver_times_stages_and_continues_intervals_exactly() -> None:
     assert [e.interval_ms for e in ems[:6]] == [None, None, 15.0, 15.0, 42.5, 42.5]
     assert ctx.summary["first_output_ms"] == pytest.approx(35.0)
     assert ctx.summary["rollout_chunks"] == 3 and ctx.summary["generator_frames_emitted"] == 12
+    # as they become visible: each emit's first frame waited its whole gap, the second 0
+    data = make_run_data(
+        RunMeta("s", shape="rollout"),
+        emissions={
+            "frame_id": [e.frame_id for e in ems],
+            "idx": [e.idx for e in ems],
+            "t_emit": [e.t_emit for e in ems],
+            "interval_ms": [np.nan if e.interval_ms is None else e.interval_ms for e in ems],
+            "chunk": [e.chunk for e in ems],
+        },
+    )
+    shown = [30.0, 0.0, 85.0, 0.0, 30.0, 0.0, 85.0, 0.0, 30.0, 0.0]
+    assert chunks.presentation_intervals(data, 0.0).ms.tolist() == pytest.approx(shown)
+    assert chunks.judged_intervals(data, 0.0, "presentation").ms.tolist() == pytest.approx(
+        [30.0, 85.0, 30.0, 85.0, 30.0]
+    )
+    assert chunks.judged_intervals(data, 0.0, "per_frame").ms.tolist() == pytest.approx(
+        [15.0, 15.0, 42.5, 42.5, 15.0, 15.0, 42.5, 42.5, 15.0, 15.0]
+    )
+    assert ctx.summary["presentation_ms"]["max"] == pytest.approx(85.0)
+    assert ctx.summary["presentation_ms"]["n"] == 8  # chunk 0 is the warm-up

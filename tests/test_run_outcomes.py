@@ -188,6 +188,21 @@ def test_a_frame_still_in_flight_when_the_duration_ends_is_judged_as_a_stall(
 # --- workload lifecycle
 
 
+def test_the_warm_up_lasts_until_the_first_frame_has_finished(
+    synthetic: Callable[..., Settings], db_path: Path
+) -> None:
+    """A first frame slower than ``run.warmup_s`` (a compile) is all warm-up: the frames the
+    latest-frame queue dropped while it ran are not counted against the soak."""
+    slow_first = ['workload.kind="python"', 'workload.factory="tests.fault_workloads:lifecycle"',
+                  'workload.options={fail = "none", first_s = 1.2}']  # fmt: skip
+    res = run_soak(synthetic(*slow_first, "run.warmup_s=0.2", "criteria.max_drop_fraction=0.02"))
+    conn = sqlite3.connect(db_path)
+    ((t, msg),) = conn.execute("SELECT t, message FROM events WHERE kind = 'warmup_end'")
+    assert t >= 1.2 and "first frame" in msg, (t, msg)
+    assert res.verdict is not None and res.verdict.get("drops").status == "pass", res.verdict
+    assert res.summary["drops"] >= 15  # the queue did drop while the first frame ran
+
+
 def test_setup_raising_is_a_one_line_usage_error(tmp_path: Path) -> None:
     r = run_cli("run", "--db", str(tmp_path / "s.db"), "--no-live", *SYNTH,
                 *[a for kv in _factory("setup") for a in ("--set", kv)])  # fmt: skip

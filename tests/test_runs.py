@@ -14,7 +14,7 @@ from soakd.errors import UsageError
 from soakd.store import db as store
 from soakd.store import runs
 
-from .conftest import make_run, soakd_cmd
+from .conftest import SYNTH_CLI, make_run, soakd_cmd
 
 
 def test_latest_is_the_newest_soak_run_unless_another_mode_is_asked(db_path: Path) -> None:
@@ -85,13 +85,9 @@ def test_gate_report_and_show_latest_name_the_same_soak_run_after_a_profile(
         "--fps",
         "20",
         "--no-live",
-        *synth,
+        *SYNTH_CLI,
         "--set",
-        "run.warmup_s=0.3",
-        "--set",
-        "run.log_every=0",
-        "--set",
-        "criteria.min_duration_s=1",
+        "workload.infer_ms=5",
         env=subprocess_env,
     )
     assert p.returncode in (0, 1), p.stderr[-2000:]
@@ -113,3 +109,21 @@ def test_gate_report_and_show_latest_name_the_same_soak_run_after_a_profile(
     assert re.search(rf"run {re.escape(soak)}\b", gate.stdout), gate.stdout
     gate = _cli(db, "gate", "--latest", "--mode", "profile", env=subprocess_env)
     assert prof in gate.stdout
+
+
+def test_runs_table_shows_the_name_and_never_cuts_a_run_id_at_80_columns(
+    db_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """`soakd runs` on an 80-column display has a name column and every run id whole."""
+    conn = store.connect(db_path)
+    rid = "20261205T140512Z-3f9a1c7b"
+    make_run(conn, id=rid, name="nightly-moss")
+    conn.close()
+    env = {**subprocess_env, "COLUMNS": "80"}
+    p = subprocess.run(
+        soakd_cmd("runs", "--db", str(db_path)), capture_output=True, text=True, env=env,
+        timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert rid in p.stdout
+    assert "name" in p.stdout.splitlines()[1] and "nightly" in p.stdout

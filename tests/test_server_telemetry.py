@@ -145,7 +145,7 @@ def test_cpu_is_primed_when_built_so_the_first_tick_already_reports_it() -> None
     try:
         probe = ServerProcessProbe(spin.pid)
         time.sleep(0.3)
-        assert (_sampled(probe)["server_cpu_pct"] or 0) > 50
+        assert (_sampled(probe)["server_cpu_pct"] or 0) > 10  # unprimed: 0 (a loaded host: < 50)
     finally:
         spin.kill()
         spin.wait()

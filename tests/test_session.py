@@ -5,6 +5,7 @@ checkpoints. The real MOSS-VL-Realtime model is not run here."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sqlite3
 import subprocess
@@ -16,9 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from soakd.config import SessionWorkloadSettings, Settings, load_settings
+from soakd.analysis import RunData, RunMeta, judge, make_run_data
+from soakd.analysis.data import load_run_data
+from soakd.config import CriteriaSettings, SessionWorkloadSettings, Settings, load_settings
 from soakd.errors import UsageError
 from soakd.records import Frame
+from soakd.report.markdown import render_markdown
+from soakd.report.summary import summarize
 from soakd.run.runner import run_soak
 from soakd.workloads.base import WorkloadContext, WorkloadError
 from soakd.workloads.session import RealtimeSessionWorkload, build, check_checkpoint, classify_chunk
@@ -130,13 +135,13 @@ def test_adapter_reports_session_drops_and_pending_frames() -> None:
         assert [r.dropped for r in res] == [False, False, True, True, True]
         assert [r.pending for r in res] == [1, 2, 2, 2, 2]
         kinds = []
-        while len(kinds) < 2:
+        while len(kinds) < 3:
             got = wl.poll(WAIT_S)
             assert got, "the session did not answer"
             kinds += [o.kind for o in got]
     finally:
         wl.close()
-    assert kinds == ["text", "silence"]
+    assert kinds == ["silence", "text", "silence"]  # its first token, then the two frames
 
 
 def test_a_model_without_a_realtime_session_is_rejected() -> None:
@@ -250,8 +255,10 @@ def test_soak_of_the_tiny_session_records_what_it_can_see(
     session_settings: Callable[..., Settings], db_path: Path
 ) -> None:
     """A short soak of the built-in tiny session stores, per pushed frame, the push time,
-    pending frames, the next output's kind and latency, and NULL for the hidden stages; with
-    a threshold no change reaches, every answer after the first is silence."""
+    pending frames, the next output's kind and latency, and the stages soakd times (the
+    processor call, model steps and detokenisation between the model taking the frame and
+    its first output after it); with a threshold no change reaches, every answer after the
+    first is silence."""
     res = run_soak(session_settings("workload.silence_threshold=1000"), judge=False)
     assert res.status == "completed", res.reason
     rows = _frames(db_path, res.run_id)
@@ -259,16 +266,47 @@ def test_soak_of_the_tiny_session_records_what_it_can_see(
     answered = [r for r in rows if r["output_kind"] is not None]
     assert len(answered) >= len(rows) - 2  # at most the frames still in flight at the end
     for r in rows:
-        assert r["pre_ms"] is None and r["infer_ms"] is None and r["decode_ms"] is None
         assert r["t_dispatch"] is not None and r["pending"] is not None
     for r in answered:
         assert r["output_latency_ms"] == pytest.approx((r["t_done"] - r["t_capture"]) * 1000)
         assert r["output_latency_ms"] > 0
+        assert r["pre_ms"] > 0 and r["infer_ms"] > 0 and r["decode_ms"] > 0
+        # all three happen after the model took the frame and before its first output
+        spent = r["pre_ms"] + r["infer_ms"] + r["decode_ms"]
+        assert spent <= r["consume_output_ms"] + 0.01
     assert rows[0]["output_kind"] == "text"
     assert {r["output_kind"] for r in answered[1:]} <= {"silence", "text"}
     outs = res.summary["session_outputs"]
     assert outs["text"] == 1 and outs["silence"] >= 5
     assert res.summary["silence_ratio"] == pytest.approx(outs["silence"] / (outs["silence"] + 1))
+    assert res.summary["session_staged"] == len(answered)
+
+
+@pytest.mark.slow
+def test_a_tiny_session_run_is_judged_on_the_stages_soakd_times(
+    session_settings: Callable[..., Settings], db_path: Path
+) -> None:
+    """A session run's report has pre / infer / decode percentiles and its jitter criterion
+    judges the model step (infer_ms, k x its median), not n/a and not output latency."""
+    settings = session_settings("criteria.min_duration_s=2", "criteria.min_frames=5")
+    res = run_soak(settings, judge=True)
+    assert res.status == "completed", res.reason
+    assert res.verdict is not None
+    jitter = res.verdict.get("jitter")
+    assert jitter is not None and jitter.status in ("pass", "fail"), jitter
+    assert jitter.evidence["source"] == "infer_ms"
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    data = load_run_data(conn, res.run_id)
+    summary = summarize(data, res.verdict)
+    measured = [r for r in _frames(db_path, res.run_id) if not r["warmup"] and r["infer_ms"]]
+    assert summary.stages["infer"].n == len(measured) >= 5
+    median = float(np.median([r["infer_ms"] for r in measured]))
+    assert summary.stages["infer"].p50 == pytest.approx(median, rel=1e-3)
+    assert jitter.evidence["median_ms"] == pytest.approx(median, rel=1e-3)
+    md = render_markdown(data, res.verdict)
+    for stage in ("pre", "infer", "decode"):
+        assert f"| {stage} | {len(measured)} |" in md
 
 
 @pytest.mark.slow
@@ -322,9 +360,10 @@ def test_a_session_that_stops_answering_aborts_the_run(
     assert len(stalls) == 1 and "no output for 2 s" in stalls[0][0]
     rows = _frames(db_path, res.run_id)
     answered = [r for r in rows if r["output_kind"] is not None]
-    assert sum(res.summary["session_outputs"].values()) == 4  # four outputs, then none
+    # its first token, four answers, then none
+    assert sum(res.summary["session_outputs"].values()) == 5
     # each output ends the frames pushed before it; two read in one poll end one run
-    assert 1 <= len({r["t_done"] for r in answered}) <= 4
+    assert 1 <= len({r["t_done"] for r in answered}) <= 5
     waiting = [r for r in rows if r["output_kind"] is None]
     assert waiting and all(r["t_done"] is None for r in waiting)
     assert waiting[0]["frame_id"] > answered[-1]["frame_id"]
@@ -349,3 +388,73 @@ def test_shipped_session_configs_are_valid(name: str) -> None:
     assert isinstance(s.workload, SessionWorkloadSettings)
     if name.startswith("moss"):
         assert s.workload.trust_remote_code and s.workload.device == "cuda"
+
+
+def _session_run(late_ms: float, baseline_p95_ms: float | None) -> RunData:
+    """60 s of a session run at 4 fps whose pacer woke ``late_ms`` late (small noise), with
+    a pacing baseline of that p95 measured before the model thread started."""
+    t = np.arange(0, 60, 0.25)
+    rng = np.random.default_rng(0)
+    base = None if baseline_p95_ms is None else {"ticks": 50, "p95_ms": baseline_p95_ms}
+    meta = RunMeta("s", duration_s=60, fps=4, shape="session", summary={"pacing_baseline": base})
+    frames = {
+        "t_capture": t,
+        "warmup": (t < 5).astype(float),
+        "output_latency_ms": 40 + rng.gamma(2, 1, t.size),
+        "lateness_ms": late_ms + rng.uniform(0, 0.05, t.size),
+    }
+    return make_run_data(meta, frames=frames, samples={"t": np.arange(0, 60, 0.1)})
+
+
+def _pacing_hint(data: RunData) -> list[str]:
+    return [h for h in judge(data, CriteriaSettings()).hints if "pacer woke late" in h]
+
+
+def test_pacer_lateness_over_the_pre_model_baseline_is_flagged() -> None:
+    """The diagnosis flags a session run whose pacer lateness p95 exceeds both 2x and 1 ms
+    over the baseline measured before the model thread started; not one within it, nor a
+    run without a baseline."""
+    assert _pacing_hint(_session_run(0.1, 0.08)) == []
+    assert _pacing_hint(_session_run(1.0, 0.08)) == []  # 2x, but within 1 ms
+    assert _pacing_hint(_session_run(6.0, None)) == []
+    (hint,) = _pacing_hint(_session_run(6.0, 0.08))
+    assert "p95 6.0" in hint and "p95 0.08 ms" in hint and "GIL" in hint
+
+
+@pytest.mark.slow
+def test_a_busy_waiting_session_thread_is_flagged_for_late_pacing(
+    session_settings: Callable[..., Settings],
+) -> None:
+    """A session whose idle loop busy-waits holding the GIL (MOSS-VL-Realtime's after
+    <|silence|>) makes soakd's pacer late against its own pre-model baseline, and the
+    diagnosis says so."""
+    settings = session_settings(
+        "run.warmup_s=0.6",
+        "criteria.min_duration_s=2",
+        "criteria.min_frames=5",
+        "workload.kind=python",
+        "workload.factory='tests.tiny_session:factory'",
+        "workload.options={script = 's', busy_wait = true, max_tokens_per_turn = 1000}",
+    )
+    res = run_soak(settings, judge=True)
+    assert res.status == "completed", res.reason
+    base = res.summary["pacing_baseline"]
+    assert base["ticks"] >= 50 and base["p95_ms"] is not None
+    assert res.verdict is not None
+    assert any("pacer woke late" in h for h in res.verdict.hints), res.verdict.hints
+
+
+def test_attention_auto_resolves_as_the_authors_runner() -> None:
+    """attn_implementation = "auto" is eager off CUDA and flash_attention_2 on CUDA, which
+    without the flash_attn package is a one-line WorkloadError naming the fix."""
+    from soakd.workloads.session import attention_backend
+
+    assert attention_backend(SessionWorkloadSettings(device="cpu")) == "eager"
+    assert attention_backend(SessionWorkloadSettings(attn_implementation=None)) is None
+    cuda = SessionWorkloadSettings(device="cuda")
+    if importlib.util.find_spec("flash_attn") is not None:
+        assert attention_backend(cuda) == "flash_attention_2"
+        return
+    with pytest.raises(WorkloadError, match="flash_attn is not installed") as err:
+        attention_backend(cuda)
+    assert "\n" not in str(err.value) and "attn_implementation = 'sdpa'" in str(err.value)

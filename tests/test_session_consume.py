@@ -240,3 +240,30 @@ def test_bad_session_settings_are_one_line_exit_2(
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("soakd: error:") and message in lines[0]
+
+
+@pytest.mark.slow
+def test_the_silence_the_loop_inserts_with_a_question_is_not_an_answer(
+    scripted: Callable[..., Settings], db_path: Path
+) -> None:
+    """A question drained together with frames makes the loop put <|round_start|> and
+    <|silence|> itself (as MOSS-VL-Realtime does): both are counted as inserted, neither
+    counts as the model's output (silence ratio) nor as the frames' first output."""
+    settings = scripted(
+        "script = 't', start_after_pushes = 3, max_tokens_per_turn = 100, "
+        "questions = [{at_s = 0, text = 'Who is there?'}]"
+    )
+    res = run_soak(settings, judge=False)
+    assert res.status == "completed", res.reason
+    sm = res.summary
+    assert sm["session_inserted"] == {"text": 0, "silence": 1, "control": 1}
+    said = sm["session_outputs"]
+    assert said["silence"] == 1  # its first token only (the prompt's prefill, as upstream)
+    assert sm["silence_ratio"] == pytest.approx(1 / (1 + said["text"]), abs=1e-6)
+    # the three frames pushed before the loop started were drained with the question: the
+    # first output after they were taken is the model's (after its step on them), not the
+    # <|silence|> the loop put right after taking them
+    for r in _rows(db_path, res.run_id)[:3]:
+        assert r["consume_output_ms"] >= r["pre_ms"] + r["infer_ms"] + r["decode_ms"] > 0
+    (q,) = sm["session_questions"]
+    assert q["answer"] == "Yes, I see it."

@@ -32,7 +32,7 @@ name = "slurm-ci"
 set = [
     "workload.kind=synthetic", "run.duration=3", "run.warmup_s=0.5", "run.log_every=0",
     "run.sample_interval_ms=100", "source.width=64", "source.height=48",
-    "criteria.min_duration_s=1", "criteria.min_frames=5",
+    "criteria.min_duration_s=1", "criteria.min_frames=5", "criteria.floor_window_s=0.2",
     "criteria.max_memory_growth_mb_per_min=1000",
 ]
 

@@ -31,7 +31,7 @@ def test_trend_is_invariant_to_affine_scaling(seed: int, scale: float, shift: fl
     t = np.arange(60.0)
     y = rng.normal(size=60) + 0.02 * t
     a, b = stats.trend(t, y), stats.trend(t, y * scale + shift)
-    assert np.isclose(b.slope, a.slope * scale, rtol=1e-6, atol=1e-9 * scale)
+    assert np.isclose(b.slope, a.slope * scale, rtol=1e-4, atol=1e-9 * scale)
     assert np.isclose(a.z, b.z, atol=1e-6)
 
 

@@ -4,6 +4,7 @@ clock for exact skip-ahead, and a fake pynvml where a GPU would be needed."""
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import sys
 import threading
@@ -11,7 +12,6 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 
 from soakd.clock import FakeClock, MonotonicClock
@@ -48,7 +48,10 @@ def test_process_probe_rss_rises_when_50_mb_are_touched() -> None:
     probe = ProcessProbe()
     before: Values = {}
     probe.sample(before)
-    block = np.ones(50 * MB, dtype=np.uint8)  # written, so resident
+    # fresh pages from the kernel, written so resident (numpy's allocation could reuse heap
+    # pages a worker that ran other tests already has resident)
+    block = mmap.mmap(-1, 50 * MB)
+    block.write(b"\x01" * (50 * MB))
     after: Values = {}
     probe.sample(after)
     assert block[-1] == 1

@@ -243,7 +243,7 @@ def test_too_short_run_is_invalid() -> None:
     """A run shorter than min_duration_s is INVALID with the reason, exit code 3."""
     v = judge(planted(dur=6.0, warm=1.0), CRIT)
     assert v.status == "INVALID" and v.exit_code == ExitCode.INVALID
-    assert "shorter than min_duration_s" in v.reason
+    assert "too short for a soak" in v.reason
 
 
 def test_aborted_run_is_invalid_even_when_criteria_pass() -> None:
@@ -321,7 +321,9 @@ def _insert_run(
     config_hash: str = "abc",
     criteria: dict[str, Any] | None = None,
 ) -> None:
-    cfg = {"criteria": criteria or {}, "workload": {"kind": "synthetic"}, "run": {"warmup_s": 1.0}}
+    # a 20 s run: judged with criteria a 20 s run can meet
+    crit = {"min_duration_s": 10, "floor_window_s": 1, **(criteria or {})}
+    cfg = {"criteria": crit, "workload": {"kind": "synthetic"}, "run": {"warmup_s": 1.0}}
     make_run(
         conn,
         id=rid,
@@ -620,6 +622,15 @@ def test_rss_growth_that_tracks_the_queue_is_called_the_backlog_not_a_leak() -> 
     assert statuses(v)["memory_rss"] == "fail"
     assert any("backlog the queue holds, not a leak" in h for h in v.hints)
     assert not any(h.endswith(": a leak") for h in v.hints)
+
+
+def test_a_leak_beside_a_growing_backlog_is_still_called_a_leak() -> None:
+    """RSS rising 30 MB/min beyond the 8.8 MB/min the growing queue holds: the hint names
+    the backlog's share and calls the rest a leak, never "not a leak"."""
+    v = judge(_backlog_run(rss_mb_per_min=8.8 + 30), CRIT)
+    assert statuses(v)["memory_rss"] == "fail"
+    assert not any("not a leak" in h for h in v.hints), v.hints
+    assert any("the backlog accounts for" in h and "MB/min is a leak" in h for h in v.hints)
 
 
 def test_an_untestable_trend_is_invalid_and_says_how_long_the_run_must_be() -> None:

@@ -123,16 +123,19 @@ def test_a_memory_trend_its_autocorrelation_leaves_untestable_is_invalid_never_p
 
 def test_a_steep_slope_the_trend_test_does_not_find_significant_passes() -> None:
     """Floors noisy enough (40 MB per sample) that their Theil–Sen slope reads above the
-    5 MB/min tolerance by chance, with p far above alpha: memory_rss passes, since a trend
+    1.5 MB/min tolerance by chance, with p far above alpha: memory_rss passes, since a trend
     fails only when it is both larger than the tolerance and significant."""
 
     def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return 400 * MIB + rng.normal(0, 40 * MIB, t.size)
 
-    c = judge(run_data(dur=180.0, rss=rss), CRIT).get("memory_rss")
+    c = judge(run_data(dur=90.0, rss=rss), CRIT).get("memory_rss")
     assert c is not None and c.value is not None
     assert c.value > CRIT.max_memory_growth_mb_per_min and c.evidence["p_value"] > 0.05
     assert c.status == "pass"
+    # and its detail says why a slope over the tolerance passed, and what would decide it
+    assert "above 1.5 MB/min but not significant at alpha = 0.01" in c.detail, c.detail
+    assert "min after the warm-up would decide it" in c.detail, c.detail
 
 
 def test_an_insignificant_trend_is_not_rising_however_steep() -> None:
@@ -288,13 +291,14 @@ def test_a_cuda_workload_without_gpu_memory_samples_is_invalid() -> None:
     assert status_of(d, "memory_gpu") == "invalid"
 
 
-def test_a_healthy_minute_long_run_is_judged_on_shortened_floor_windows_and_passes() -> None:
-    """60 s (under 12 windows of 10 s): floors are taken on shortened windows, so memory is
-    tested and passes, with a warning that the window was shortened."""
+def test_a_healthy_minute_long_run_is_judged_on_whole_floor_windows_and_passes() -> None:
+    """60 s with the default 4 s floor window: 13 whole windows after the 5 s warm-up, none
+    shortened, and memory is tested and passes."""
     c = judge(run_data(dur=60.0), CRIT).get("memory_rss")
     assert c is not None
     assert c.status == "pass", c.detail
-    assert c.evidence["n_windows"] >= 12 and any("shortened" in w for w in c.warnings)
+    assert c.evidence["floor_window_s"] == CRIT.floor_window_s
+    assert c.evidence["n_windows"] >= 12 and not any("shortened" in w for w in c.warnings)
 
 
 # --------------------------------------------------------------------------- trends

@@ -21,11 +21,17 @@ with the real file, ``ast``, no import):
 * its generation thread mirrors ``MossVLRealtimeSession._run`` (``start_real_time_generate()``,
   then the loop, then ``stop_real_time_generate()``),
   ``MossVLForConditionalGeneration._real_time_sample`` (loops while ``continue_generating``)
-  and ``_update_model_kwargs_for_real_time_generation``: one output chunk per step, each step
-  paced to at most ``max_tokens_per_turn`` steps per second (a rate cap), then every queued
-  frame and prompt is drained with ``get_nowait()``; a drained prompt is answered
-  ``<|round_start|>`` first. Where upstream busy-waits after ``<|silence|>`` with nothing
-  queued, this one sleeps 5 ms between looks.
+  and ``_update_model_kwargs_for_real_time_generation``, in their order: a model step (the
+  model's ``step_module`` forward; upstream ``self(**inputs)``), ``processor.tokenizer.decode``
+  of what it made, that text put on ``_output_queue``, the step paced to at most
+  ``max_tokens_per_turn`` steps per second (a rate cap), then every queued prompt and frame
+  drained with ``get_nowait()``: a prompt puts ``<|round_start|>``, a prompt drained together
+  with frames also puts ``<|silence|>`` (both inserted by the loop, not decoded), and the
+  frames go through one ``processor(images=...)`` call; the next step ingests them. The first
+  step, before any input, says ``<|silence|>`` (unless ``talk``), as upstream's first token
+  after the prompt's prefill is, so a model output always comes before the first drain. Where
+  upstream busy-waits after ``<|silence|>`` with nothing queued, this one sleeps 5 ms between
+  looks, unless ``busy_wait`` (below).
 
 Planted behaviour gives the tests a known truth:
 
@@ -33,8 +39,11 @@ Planted behaviour gives the tests a known truth:
   ``<|silence|>``), so the silence ratio is known in advance;
 * ``talk``: the model keeps talking: a text chunk every step whether or not a frame came,
   as MOSS-VL-Realtime does while it describes a scene;
-* ``frame_cost_s``: the step after frames were drained sleeps this long first (the vision
-  tower's work on them), so the first output after a consume is at least that late;
+* ``frame_cost_s``: the step after frames were drained sleeps this long first, inside the
+  model step (the vision tower's work on them), so the first output after a consume and the
+  frame's ``infer_ms`` are at least that long;
+* ``busy_wait``: with nothing to say and nothing queued, spin in Python as upstream does (its
+  ``continue``), holding the GIL, instead of sleeping;
 * ``die_on_frame``: the generation thread raises ``ValueError`` when it drains that frame
   (1-based), and the session is no longer ``active``;
 * ``gate``: a ``threading.Event`` the test holds; steps wait for it;
@@ -61,6 +70,26 @@ from soakd.workloads.session import RealtimeSessionWorkload
 from soakd.workloads.tiny_session import SILENCE, TinyLM, TinyProcessor
 
 ROUND_START = "<|round_start|>"
+SILENCE_ID = 256  # the byte tokenizer's <|silence|>
+ANSWER = "Yes, I see it."  # the answer to every question
+
+
+class StepModule(torch.nn.Module):
+    """One step of the loop as a torch module (upstream: the model's own ``forward``): the
+    planted frame cost, then the tiny LM's greedy decode of ``n`` tokens (none: a prefill)."""
+
+    def __init__(self, lm: TinyLM) -> None:
+        super().__init__()
+        self.tiny = lm
+        self.lm = lm.lm
+
+    def forward(self, embeds: Any, n: int, cost_s: float = 0.0) -> list[int]:
+        if cost_s:
+            time.sleep(cost_s)
+        if n == 0:
+            self.tiny.prefill(embeds)
+            return []
+        return self.tiny.generate(embeds, n)
 
 
 class ScriptedSession:
@@ -98,7 +127,9 @@ class ScriptedSession:
         self._last_timestamp: float | None = None
         self.pushes = 0
         self.drained = 0  # frames taken by the generation thread
-        self.answered = 0  # frames answered
+        self.accepted = 0  # frames taken to be answered
+        self.answered = 0  # frames answered (ingested by a model step)
+        self._ingest: list[Any] = []  # frames processed, for the next step
         self.timestamps: list[float] = []
         self._pushed_enough = threading.Event()
 
@@ -209,61 +240,81 @@ class ScriptedSession:
             self._done.set()
 
     def _sample(self) -> None:
-        m, answers = self.model, deque[str]()
+        m, said = self.model, deque[list[int]]()
+        if not m.talk:  # the first token after the prompt's prefill (upstream: <|silence|>)
+            said.append([SILENCE_ID])
         while m.continue_generating and not self._closed.is_set():
             m.gate.wait()
             t_step = time.monotonic()
-            if answers:
-                self._output_queue.put(answers.popleft())
-            elif m.talk:
-                self._output_queue.put(self._token())
+            ids = self._step(said)
+            if ids is not None:  # decode what the step made, put it (upstream's order)
+                self._output_queue.put(self.processor.tokenizer.decode(ids))
             wait = 1.0 / self.max_tokens_per_turn - (time.monotonic() - t_step)
             if wait > 0:
                 time.sleep(wait)
-            if not self._drain(answers) and not answers and not m.talk:
-                time.sleep(0.005)
+            if not self._drain(said):
+                self._idle(said)
 
-    def _drain(self, answers: deque[str]) -> bool:
-        """Take every queued prompt and frame (``get_nowait``); queue their answers."""
-        m, took = self.model, False
+    def _step(self, said: deque[list[int]]) -> list[int] | None:
+        """One model step: ingest the frames processed at the last drain (their answers
+        queue up, one a step), else say the next queued answer, else talk on; None when
+        there is nothing to do (no step)."""
+        m = self.model
+        if self._ingest:
+            frames, self._ingest = self._ingest, []
+            for patches in frames:
+                embeds = m.lm.embed(self.prompt_ids, patches)
+                silent = m.script[self.answered % len(m.script)] == "s"
+                ids = m.step_module(embeds, 0 if silent else 3, m.frame_cost_s)
+                said.append([SILENCE_ID] if silent else ids)
+                self.answered += 1
+        if said:
+            return said.popleft()
+        if m.talk:
+            return list(m.step_module(m.lm.embed(self.prompt_ids, m.blank), 1))
+        return None
+
+    def _idle(self, said: deque[list[int]]) -> None:
+        """Nothing drained: wait for input (upstream busy-waits after <|silence|>)."""
+        if said or self._ingest or self.model.talk:
+            return
+        if self.model.busy_wait:
+            while self._frame_queue.empty() and self._prompt_queue.empty():
+                if self._closed.is_set() or not self.model.continue_generating:
+                    return
+        else:
+            time.sleep(0.005)
+
+    def _drain(self, said: deque[list[int]]) -> bool:
+        """Take every queued prompt and frame (``get_nowait``): a prompt puts
+        ``<|round_start|>`` and queues its answer; a prompt with frames also puts the
+        ``<|silence|>`` upstream inserts; the frames go through one processor call."""
+        m = self.model
+        prompts = 0
         while not self._prompt_queue.empty():
             self._prompt_queue.get_nowait()
             self._output_queue.put(ROUND_START)
-            answers.append("Yes, I see it.")
-            took = True
+            said.append(self.processor.tokenizer.encode(ANSWER))
+            prompts += 1
         frames = []
         while not self._frame_queue.empty():
             try:
                 frames.append(self._frame_queue.get_nowait()[0])
             except queue.Empty:
                 break
-        for image in frames:
+        for _ in frames:
             self.drained += 1
             if m.die_on_frame is not None and self.drained >= m.die_on_frame:
                 raise ValueError(f"planted: the vision tower failed on frame {self.drained}")
-            if m.stall_after is not None and self.answered >= m.stall_after:
+            if m.stall_after is not None and self.accepted >= m.stall_after:
                 self._closed.wait()  # stops answering, like a hung model
                 return True
-            answers.append(self._answer(image))
-            self.answered += 1
-        if frames and m.frame_cost_s:
-            time.sleep(m.frame_cost_s)
-        return took or bool(frames)
-
-    def _token(self) -> str:
-        """One printable token from the tiny LM (the model talking on)."""
-        embeds = self.model.lm.embed(self.prompt_ids, self.model.blank)
-        ids = self.model.lm.generate(embeds, 1)
-        return self.processor.tokenizer.decode(ids) or "."
-
-    def _answer(self, image: Any) -> str:
-        patches, _ = self.processor.frame_arrays(image)
-        embeds = self.model.lm.embed(self.prompt_ids, patches)
-        if self.model.script[self.answered % len(self.model.script)] == "s":
-            self.model.lm.prefill(embeds)
-            return SILENCE
-        ids = self.model.lm.generate(embeds, 3)
-        return self.processor.tokenizer.decode(ids) or "."
+            self.accepted += 1
+        if prompts and frames:
+            self._output_queue.put(SILENCE)  # upstream's own, matching its training data
+        if frames:
+            self._ingest = [patches for patches, _ in self.processor(images=frames)]
+        return bool(prompts or frames)
 
 
 class ScriptedModel:
@@ -279,6 +330,7 @@ class ScriptedModel:
         talk: bool = False,
         frame_cost_s: float = 0.0,
         die_on_frame: int | None = None,
+        busy_wait: bool = False,
     ) -> None:
         assert script and set(script) <= {"s", "t"}
         self.script = script
@@ -287,11 +339,13 @@ class ScriptedModel:
         self.talk = talk
         self.frame_cost_s = frame_cost_s
         self.die_on_frame = die_on_frame
+        self.busy_wait = busy_wait
         # one intra-op thread while the model lives, as soakd's own tiny models do: OpenMP
         # spin-waiting beside the run's other threads makes turns 30x slower on 2 cores
         self.prev_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         self.lm = TinyLM(seed)
+        self.step_module = StepModule(self.lm)  # soakd times its forward (infer)
         self.processor = TinyProcessor()
         self.blank = self.processor.frame_arrays(torch.zeros(8, 8, 3, dtype=torch.uint8))[0]
         self.gate = threading.Event()
@@ -329,12 +383,12 @@ class ScriptedModel:
         return session
 
 
-_MODEL_OPTIONS = ("talk", "frame_cost_s", "die_on_frame")
+_MODEL_OPTIONS = ("talk", "frame_cost_s", "die_on_frame", "busy_wait")
 
 
 def factory(options: dict[str, Any], ctx: WorkloadContext) -> RealtimeSessionWorkload:
     """``kind = "python"``: options ``script``, ``stall_after``, ``start_after_pushes``,
-    ``talk``, ``frame_cost_s``, ``die_on_frame`` and any session setting."""
+    ``talk``, ``frame_cost_s``, ``die_on_frame``, ``busy_wait`` and any session setting."""
     opts = dict(options)
     planted = {k: opts.pop(k) for k in _MODEL_OPTIONS if k in opts}
     model = ScriptedModel(

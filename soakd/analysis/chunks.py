@@ -6,9 +6,18 @@ Pure: RunData in, criteria and numbers out (docs/verdict.md, "Generators").
 * ``output_intervals``: each emitted frame's interval (amortised over its emit, see
   soakd/run/drivers/emitting.py) after the warm-up, with its emit's position in its row
   (``chunk``) and its row (``frame_id``);
+* ``presentation_intervals``: the time between frames as they become visible: an emit's
+  first frame carries the whole gap since the emit before it (its amortised interval x its
+  frames), the other frames of the same emit 0 (shown at once). ``output_intervals`` is the
+  per-frame average (the gap spread over the emit's frames), what a player that buffers a
+  whole chunk sees;
+* ``judged_intervals``: what ``content_fps`` and the generators' jitter judge, chosen by
+  ``criteria.generator_interval``: ``"presentation"`` (default) the waits between visible
+  updates (the presentation intervals of each emit's first frame: a chunk of 12 frames out
+  at once is one wait, the chunk gap), ``"per_frame"`` the per-frame average;
 * ``judge_content_fps``: ``criteria.content_fps`` is the rate a player shows the frames
-  at, so the interval p95 must be at most 1000 / content_fps ms (FAIL above; INVALID with
-  no interval; n/a when unset, the levels still in its evidence);
+  at, so the judged interval's p95 must be at most 1000 / content_fps ms (FAIL above;
+  INVALID with no interval; n/a when unset, the levels still in its evidence);
 * ``judge_first_output``: the run's first output (the first emission's latency from the
   start of the session, or of the first request) against ``criteria.max_first_output_ms``;
 * ``stage_shares`` / ``dominant_stage``: a rollout's named stages' shares of their chunks,
@@ -47,13 +56,54 @@ class Intervals:
         return int(self.ms.size)
 
 
-def output_intervals(d: RunData, t0: float) -> Intervals:
+def _kept(d: RunData, t0: float) -> np.ndarray:
+    """Emissions with an interval after the warm-up (a request's first emit is its
+    latency, never an interval)."""
     e = d.emissions
-    iv = e["interval_ms"]
-    keep = np.isfinite(iv) & (e["t_emit"] >= t0)
-    if d.meta.shape == "generator":  # a request's first emit is its latency, never interval
+    keep = np.isfinite(e["interval_ms"]) & (e["t_emit"] >= t0)
+    if d.meta.shape == "generator":
         keep &= e["idx"] > 0
-    return Intervals(e["t_emit"][keep], iv[keep], e["chunk"][keep], e["frame_id"][keep])
+    return keep
+
+
+def _emits(d: RunData) -> tuple[np.ndarray, np.ndarray]:
+    """(first, size) per emission: whether it is the first frame of its emit (the rows of
+    one emit are consecutive: same row, same emit number) and how many frames the emit
+    handed over."""
+    e = d.emissions
+    n = len(e["t_emit"])
+    first = np.ones(n, dtype=bool)
+    first[1:] = (e["frame_id"][1:] != e["frame_id"][:-1]) | (e["chunk"][1:] != e["chunk"][:-1])
+    lengths = np.diff(np.append(np.flatnonzero(first), n))
+    return first, np.repeat(lengths, lengths)
+
+
+def _intervals(d: RunData, keep: np.ndarray, ms: np.ndarray) -> Intervals:
+    e = d.emissions
+    return Intervals(e["t_emit"][keep], ms[keep], e["chunk"][keep], e["frame_id"][keep])
+
+
+def output_intervals(d: RunData, t0: float) -> Intervals:
+    """The per-frame average: each frame's interval amortised over its emit."""
+    return _intervals(d, _kept(d, t0), d.emissions["interval_ms"])
+
+
+def presentation_intervals(d: RunData, t0: float) -> Intervals:
+    """Per emitted frame after the warm-up: the time since the frame shown before it (an
+    emit's first frame: the gap since the previous emit; the rest of the emit: 0)."""
+    first, size = _emits(d)
+    gap = np.where(first, d.emissions["interval_ms"] * size, 0.0)
+    return _intervals(d, _kept(d, t0), gap)
+
+
+def judged_intervals(d: RunData, t0: float, basis: str) -> Intervals:
+    """What content_fps and a generator's jitter judge (``criteria.generator_interval``):
+    ``"presentation"``: the waits between visible updates (each emit's first frame's
+    presentation interval); ``"per_frame"``: every frame's per-frame average."""
+    if basis != "presentation":
+        return output_intervals(d, t0)
+    first, size = _emits(d)
+    return _intervals(d, _kept(d, t0) & first, d.emissions["interval_ms"] * size)
 
 
 def levels(values: np.ndarray) -> dict[str, float | int | None]:
@@ -97,7 +147,8 @@ def judge_content_fps(d: RunData, crit: Any, t0: float, t1: float) -> CriterionR
     fps = crit.content_fps
     title = "Real-time playback"
     thr = 1000.0 / fps if fps else None
-    iv = output_intervals(d, t0)
+    basis = getattr(crit, "generator_interval", "presentation")
+    iv = judged_intervals(d, t0, basis)
     if not iv.n:
         why = "no intervals measured (a generator must emit more than once)"
         if fps is None:
@@ -110,13 +161,20 @@ def judge_content_fps(d: RunData, crit: Any, t0: float, t1: float) -> CriterionR
     span = max(t1 - t0, 0.0)
     ev: dict[str, Any] = {
         "content_fps": fps,
+        "basis": basis,
         **{f"interval_{k}_ms" if k != "n" else "intervals": v for k, v in lv.items()},
         "sustained_fps_p95": 1000.0 / p95 if p95 > 0 else None,
-        "emitted_fps": iv.n / span if span > 0 else None,
+        "emitted_fps": output_intervals(d, t0).n / span if span > 0 else None,
         **interval_tail(iv, p95),
     }
     sustained = f"{1000.0 / p95:.3g} fps" if p95 > 0 else "unbounded"
-    base = f"interval p95 {p95:.4g} ms ({sustained} sustained), p50 {lv['p50']:.4g} ms"
+    base = f"per-frame interval p95 {p95:.4g} ms ({sustained} sustained)"
+    if basis == "presentation":
+        base = (
+            f"presentation interval p95 {p95:.4g} ms ({sustained} sustained) over its "
+            f"{iv.n} waits between visible updates"
+        )
+    base += f", p50 {lv['p50']:.4g} ms"
     if fps is None or thr is None:
         return CriterionResult(
             criterion="content_fps", title=title, status=NA, value=p95, threshold=None,

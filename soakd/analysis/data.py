@@ -178,7 +178,10 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
     if bounded:
         return _bounded_run_data(conn, run_id, meta)
     extra = {
-        "session": ("output_latency_ms", "session_dropped", "consume_ms", "consume_output_ms"),
+        "session": (
+            *("output_latency_ms", "session_dropped", "consume_ms", "consume_output_ms"),
+            "lateness_ms",  # the pacer's, against the session's pacing_baseline (diagnosis)
+        ),
         "generator": ("first_emit_ms",),
         "rollout": ("first_emit_ms",),
     }

@@ -120,7 +120,37 @@ def diagnose(data: RunData, verdict: Verdict, crit: CriteriaSettings) -> list[st
     hints += _rate_hints(data, g, verdict)
     hints += _jitter_hints(data, verdict, g)
     hints += _memory_hints(data, verdict, g)
+    hints += pacing_hints(data, measured)
     return hints
+
+
+#: the pacer is flagged late when its lateness p95 exceeds both this many times the
+#: baseline's p95 and the baseline's p95 plus PACING_MARGIN_MS
+PACING_FACTOR = 2.0
+PACING_MARGIN_MS = 1.0
+
+
+def pacing_hints(data: RunData, measured: np.ndarray) -> list[str]:
+    """A session run whose pacer woke later than this machine did before the model thread
+    started (``summary.pacing_baseline``, measured by the session driver with the pacer's
+    own wait): the model's thread takes the GIL or the CPU from soakd's threads."""
+    base = data.meta.summary.get("pacing_baseline")
+    base = base if isinstance(base, dict) else {}
+    b95 = base.get("p95_ms")
+    late = data.frame("lateness_ms")[measured]
+    late = late[np.isfinite(late)]
+    if not isinstance(b95, int | float) or late.size < 10:
+        return []
+    p95 = float(np.percentile(late, 95))
+    if p95 <= max(PACING_FACTOR * b95, b95 + PACING_MARGIN_MS):
+        return []
+    return [
+        f"soakd's pacer woke late while the model ran: lateness p95 {p95:.3g} ms (max "
+        f"{late.max():.3g} ms) against p95 {b95:.3g} ms on this machine before the model "
+        f"thread started ({base['ticks']} ticks): the model's thread holds the GIL (e.g. "
+        "busy-waiting for input) or the CPU, so soakd's own threads run late; frames are "
+        "captured and stamped that much late"
+    ]
 
 
 _MODEL_LOSSES = ("dropped", "stale", "session_dropped", "queued_at_end", "in_flight_at_end")
@@ -181,22 +211,29 @@ def frame_bytes(data: RunData) -> float | None:
 
 
 def _backlog_share(
-    data: RunData, g: dict[str, tuple[bool, float, float]], slope: float
+    data: RunData, g: dict[str, tuple[bool, float, float]], slope: float, tol: float
 ) -> str | None:
-    """When RSS growth (``slope`` MB/min) is mostly the frame queue growing (queue slope x
-    frame bytes), the words that say so."""
+    """When the frame queue grows, how much of the RSS floor's growth (``slope`` MB/min) it
+    holds (queue slope x frame bytes), in words: the backlog explains growth away only up
+    to that amount, and growth beyond it by more than the tolerance ``tol`` is still named a
+    leak. None when the queue holds too little of it to mention."""
     fb = frame_bytes(data)
     if fb is None or not _grew(g, "queue_len") or slope <= 0:
         return None
     q_per_min = g["queue_len"][1]
     held = q_per_min * fb / MIB
+    backlog = (
+        f"the floor rises {slope:.3g} MB/min while the frame queue grows {q_per_min:.3g} "
+        f"frames/min x {fb / MIB:.3g} MB per frame = {held:.3g} MB/min"
+    )
+    if slope - held > tol:
+        return (
+            f"{backlog}: the backlog accounts for {held:.3g} MB/min of it, the other "
+            f"{slope - held:.3g} MB/min is a leak"
+        )
     if held < 0.5 * slope:
         return None
-    return (
-        f"the floor rises {slope:.3g} MB/min while the frame queue grows {q_per_min:.3g} "
-        f"frames/min x {fb / MIB:.3g} MB per frame = {held:.3g} MB/min: the growth is the "
-        "backlog the queue holds, not a leak"
-    )
+    return f"{backlog}: the growth is the backlog the queue holds, not a leak"
 
 
 def _grew(g: dict[str, tuple[bool, float, float]], col: str) -> bool:
@@ -348,7 +385,9 @@ def _memory_hints(
             continue
         saw = c.evidence.get("sawtooth", {})
         n = int(saw.get("drops", 0))
-        backlog = _backlog_share(data, g, c.value or 0.0) if c.criterion == "memory_rss" else None
+        backlog = None
+        if c.criterion == "memory_rss":
+            backlog = _backlog_share(data, g, c.value or 0.0, c.threshold or 0.0)
         if backlog:
             hints.append(f"{c.title}: {backlog}")
         elif c.status == FAIL and n >= 2:

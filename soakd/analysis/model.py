@@ -25,6 +25,9 @@ OVERALL_PASS, OVERALL_FAIL, OVERALL_INVALID = "PASS", "FAIL", "INVALID"
 MIB = float(1 << 20)
 MAX_WINDOWS = 400  # trend statistics never see more points than this
 MIN_WINDOWS = 12  # fewer memory-floor windows than this: the window is shortened
+#: a floor window shortened by at most this fraction still counts as ``floor_window_s`` (a
+#: run that ends a few samples short of 12 whole windows is not too short to judge)
+FLOOR_SLACK = 0.05
 AGE_MIN_WINDOW_S = 0.5
 
 

@@ -230,8 +230,10 @@ def trend(t: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> Trend:
 
     The p-value is the smaller of the Yue–Wang-corrected Mann–Kendall test and a sign test
     on successive differences, Bonferroni-corrected (x 2). On AR(1) noise without trend
-    (φ up to 0.9) this keeps the false-positive rate at or below α; a strictly increasing
-    series is always significant. Fewer than 3 points: no trend, infinite ``mds``."""
+    (φ up to 0.5, tests/test_trend_alpha.py) this keeps the false-positive rate at or below
+    α; stronger autocorrelation over few points exceeds it (φ = 0.9 on 30-60 points: 3-5 x
+    α, docs/verdict.md). A rising line of ``min_trend_points(alpha)`` points or more is
+    significant. Fewer than 3 points: no trend, infinite ``mds``."""
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     ok = np.isfinite(t) & np.isfinite(y)

@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import devices, server, stats
-from soakd.analysis.chunks import judge_generator
+from soakd.analysis.chunks import judge_generator, judged_intervals
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.digest import FrameDigest, digest_run
 from soakd.analysis.losses import count_losses
 from soakd.analysis.model import (
     FAIL,
+    FLOOR_SLACK,
     INVALID,
     MEMORY_METRICS,
     MIB,
@@ -163,6 +164,24 @@ def _call_trend(
     return _TrendCall(INVALID, "untested", bound)
 
 
+def _not_significant(ctx: _Ctx, tr: stats.Trend, per: float, tol: float, unit: str) -> str:
+    """For a trend that passed with its slope over the tolerance ``tol`` (not significant):
+    why it passed and, from the slope this run can detect, about how long a run would decide
+    it (the detectable slope falls as span^-1.5 for windows of the same noise). "" when the
+    slope is within the tolerance."""
+    slope, mds = tr.slope * per, tr.mds * per
+    if not slope > tol:
+        return ""
+    words = f"; above {tol:g} {unit} but not significant at alpha = {ctx.crit.alpha:g}"
+    if math.isfinite(mds) and mds > tol and ctx.span > 0:
+        need = ctx.span * (mds / tol) ** (2 / 3)
+        words += (
+            f": this {ctx.minutes()} run sees growth over {mds:.3g} {unit}; about "
+            f"{need / 60:.0f} min after the warm-up would decide it"
+        )
+    return words
+
+
 def _span_to_test(ctx: _Ctx, tr: stats.Trend, window_s: float, min_windows: int = 0) -> float:
     """Seconds after the warm-up a run needs for a trend test of windows of ``window_s``:
     enough windows for significance and, at this run's autocorrelation, 3 effective ones."""
@@ -209,7 +228,7 @@ def judge_run_validity(ctx: _Ctx) -> CriterionResult:
         problems.append(f"run {d.meta.status}{why}")
     if dur < c.min_duration_s:
         problems.append(
-            f"run lasted {dur:.3g} s, shorter than min_duration_s = {c.min_duration_s:g} s"
+            f"too short for a soak: {dur:.3g} s < {c.min_duration_s:g} s (min_duration_s)"
         )
     if n_meas < c.min_frames:
         problems.append(f"{n_meas} post-warm-up frames, fewer than min_frames = {c.min_frames}")
@@ -477,7 +496,11 @@ def _age_outcome(
             f"median {med:.4g} ms; too few windows for a trend test, but their range allows "
             f"at most {call.bound * 60:.3g} ms/min"
         )
-    return PASS, f"median {med:.4g} ms, slope {tr.slope * 60:+.3g} ms/min (p = {tr.p:.2g})"
+    tol = ctx.crit.max_age_slope_ms_per_min
+    return PASS, (
+        f"median {med:.4g} ms, slope {tr.slope * 60:+.3g} ms/min (p = {tr.p:.2g})"
+        + _not_significant(ctx, tr, 60, tol, "ms/min")
+    )
 
 
 def judge_frame_age(ctx: _Ctx) -> CriterionResult:
@@ -654,17 +677,35 @@ def _judge_memory_metric(
             f"{call.bound * per:.3g} MB/min, peak {ev['peak_mb']:.0f} MB"  # type: ignore[operator]
         )
     else:
-        detail = f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
+        detail = (
+            f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
+            + _not_significant(ctx, tr, per, thr, "MB/min")
+        )
+    status = call.status
+    if status == PASS and w < c.floor_window_s * (1 - FLOOR_SLACK):
+        status, detail = INVALID, _floor_too_short(ctx, w)
     return CriterionResult(
         criterion=name,
         title=title,
-        status=call.status,
+        status=status,
         value=slope,
         threshold=thr,
         unit="MB/min",
         detail=detail,
         evidence=ev,
         warnings=_detectability(ctx, tr, per, thr, "leaks", "MB/min"),
+    )
+
+
+def _floor_too_short(ctx: _Ctx, w: float) -> str:
+    """Why a memory metric that looked flat is INVALID: its floor window had to be shortened
+    below ``floor_window_s``, so an allocator sawtooth slower than that can hide growth."""
+    need = MIN_WINDOWS * ctx.crit.floor_window_s
+    return (
+        f"too short to judge: the floor window was shortened from "
+        f"{ctx.crit.floor_window_s:g} s to {w:.2g} s, where an allocator sawtooth can hide "
+        f"growth; run at least {need:.0f} s after the warm-up "
+        f"(run.duration >= {ctx.t0 + need:.0f} s) or lower criteria.floor_window_s"
     )
 
 
@@ -756,8 +797,8 @@ def _memory_limit(ctx: _Ctx, name: str) -> tuple[float, str, float] | None:
     against the device's total, with the device's peak used (it is what runs out)."""
     d = ctx.data
     post = d.samples["t"] >= ctx.t0
+    col = dict((n, c) for n, c, _ in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS))[name]
     if name in ("memory_rss", "memory_server_rss"):  # host memory, shared by both
-        col = "rss_bytes" if name == "memory_rss" else "server_rss_bytes"
         limits = [
             (v, src)
             for v, src in (
@@ -773,7 +814,6 @@ def _memory_limit(ctx: _Ctx, name: str) -> tuple[float, str, float] | None:
         return lim, src, float(np.nanmax(peak))
     total = d.sample("gpu_mem_total_bytes")[post]
     used = d.sample("gpu_mem_used_bytes")[post]
-    col = dict((n, c) for n, c, _ in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS))[name]
     if not np.isfinite(used).any():
         used = d.sample(col)[post]
     if not np.isfinite(total).any() or not np.isfinite(used).any():
@@ -924,12 +964,23 @@ def judge_oom(ctx: _Ctx) -> CriterionResult:
     )
 
 
+def _presentation_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
+    """A rollout's waits between visible updates (``criteria.generator_interval =
+    "presentation"``, chunks.judged_intervals): the stalls a viewer sees, by chunk."""
+    iv = judged_intervals(ctx.data, ctx.t0, "presentation")
+    return ("presentation_ms", iv.ms, iv.frame_id, iv.t) if iv.n else None
+
+
 def _jitter_source(ctx: _Ctx) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
-    """(column, values, frame ids, times) the jitter criterion judges: a rollout's chunk
-    times (each chunk is a row), else infer or output latency, else a generator's
-    intervals."""
+    """(column, values, frame ids, times) the jitter criterion judges: a rollout's waits
+    between visible updates (or, ``generator_interval = "per_frame"``, its chunk times:
+    each chunk is a row), else infer or output latency, else a generator's intervals."""
     d = ctx.data
+    if d.meta.shape == "rollout" and ctx.crit.generator_interval == "presentation":
+        return _presentation_source(ctx)
     ok = ctx.measured & (d.frame("has_error") == 0)
+    # a session's infer_ms: the model step(s) that took the frame (soakd's hooks); its output
+    # latency only when its stages were not timed
     cols = ("total_ms",) if d.meta.shape == "rollout" else ("infer_ms", "output_latency_ms")
     for col in cols:
         y = d.frame(col)[ok]
@@ -1020,7 +1071,10 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
     regular positions; ``"max"``: FAIL when the max alone exceeds it (the seed's rule)."""
     d, c = ctx.data, ctx.crit
     k, k_note = resolve_jitter_k(c, history)
-    title = "Chunk time jitter" if d.meta.shape == "rollout" else "Infer jitter"
+    title = "Infer jitter"
+    if d.meta.shape == "rollout":
+        by_wait = c.generator_interval == "presentation"
+        title = "Presentation interval jitter" if by_wait else "Chunk time jitter"
     dg = ctx.digest
     src = None if dg else _jitter_source(ctx)
     if (dg.jitter is None) if dg else (src is None):
@@ -1030,7 +1084,7 @@ def judge_jitter(ctx: _Ctx, history: Sequence[float]) -> CriterionResult:
                 title,
                 threshold=k,
                 unit="x median",
-                detail="not applicable: the session model hides its stages",
+                detail="not applicable: the session's stages were not timed and no output came",
             )
         return CriterionResult.invalid(
             "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"

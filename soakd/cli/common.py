@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import sys
@@ -45,6 +46,31 @@ def choice(*values: str) -> Callable[[str], str]:
 def choice_option(*decls: str, values: tuple[str, ...], help: str) -> Any:
     """An option taking one of ``values`` (shown as its metavar, e.g. ``md|json``)."""
     return typer.Option(*decls, parser=choice(*values), metavar="|".join(values), help=help)
+
+
+def finite_number(minimum: float | None = None) -> Callable[[str], float]:
+    """The parser of a numeric option: ``nan`` is not a number and ``inf`` not a finite one
+    (each would pass or skip every comparison made with it), nor is a value below
+    ``minimum``: a usage error (exit 2) that says which."""
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            x = math.nan
+        if not math.isfinite(x):
+            what = "a finite number" if math.isinf(x) else "a number"
+            raise typer.BadParameter(f"{value!r} is not {what}")
+        if minimum is not None and x < minimum:
+            raise typer.BadParameter(f"must be >= {minimum:g}, got {value}")
+        return x
+
+    return parse
+
+
+def number_option(*decls: str, help: str, minimum: float | None = None, metavar: str = "N") -> Any:
+    """A float option parsed by ``finite_number``."""
+    return typer.Option(*decls, parser=finite_number(minimum), metavar=metavar, help=help)
 
 
 def format_option(help: str, *values: str) -> Any:

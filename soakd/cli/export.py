@@ -4,10 +4,12 @@ Parquet, streamed in chunks from ``soakd.store.export`` (never the whole table a
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import IO, Annotated, Any
 
@@ -26,7 +28,7 @@ from soakd.cli.common import (
     reading,
     run_ref,
 )
-from soakd.errors import SoakdError
+from soakd.errors import ExitCode, SoakdError
 from soakd.store import export as rows
 from soakd.store import runs
 
@@ -55,7 +57,8 @@ def export_cmd(
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
 ) -> None:
     """Write one run's frames, samples or emissions for a notebook or a spreadsheet, one
-    row per stored row (run_id left out). Exit code: 0 written, 2 usage error."""
+    row per stored row (run_id left out). Exit code: 0 written (or the reader of a pipe
+    stopped early, as `| head` does), 2 usage error, 4 the device is full."""
     ref = run_ref(run_id, latest)
     if fmt == "parquet" and output is None:
         raise error("-f parquet writes a binary file: give -o PATH")
@@ -70,11 +73,47 @@ def export_cmd(
         except SoakdError as exc:
             raise error(str(exc), exc.exit_code) from None
         cols = rows.columns(conn, table)
-        chunks = rows.iter_chunks(conn, table, rid)
-        try:
-            writer(cols, chunks, output)
-        except OSError as exc:
-            raise error(f"{output or 'stdout'}: cannot write: {exc.strerror or exc}") from None
+        # closed here, before the connection: its cursor then closes while the database is open
+        with closing(rows.iter_chunks(conn, table, rid)) as chunks:
+            _write(writer, cols, chunks, output)
+
+
+#: write errors that are the environment failing (exit 4, as a disk filling up mid-run), not
+#: a bad -o (exit 2)
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def _write(writer: Writer, cols: Columns, chunks: Chunks, output: Path | None) -> None:
+    """Run ``writer``. A reader that went away (``| head``) ends the export quietly, exit
+    0; any other write error is one line: exit 4 when the device is full or failing, else 2."""
+    try:
+        writer(cols, chunks, output)
+    except BrokenPipeError:
+        if output is None:
+            _stdout_to_devnull()
+        raise typer.Exit(0) from None
+    except OSError as exc:
+        if output is None:
+            _stdout_to_devnull()
+        known = [e for e in _ENVIRONMENT_ERRNOS if e == exc.errno or os.strerror(e) in str(exc)]
+        where = f"{output or 'stdout'}: cannot write"
+        if known:
+            raise error(f"{where}: {os.strerror(known[0])}", ExitCode.INTERNAL) from None
+        raise error(f"{where}: {exc.strerror or exc}") from None
+
+
+def _stdout_to_devnull() -> None:
+    """stdout cannot take more: point its descriptor at /dev/null, so the interpreter's last
+    flush of what is still buffered does not fail again ("Exception ignored ...")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing is flushed to a descriptor
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 @contextmanager
@@ -88,6 +127,8 @@ def _text_out(output: Path | None) -> Iterator[IO[str]]:
 
 
 Chunks = Iterator[list[tuple[Any, ...]]]
+Columns = list[tuple[str, str]]
+Writer = Callable[[Columns, Chunks, Path | None], None]
 
 
 def _write_csv(cols: list[tuple[str, str]], chunks: Chunks, output: Path | None) -> None:
@@ -133,7 +174,11 @@ def _write_parquet(cols: list[tuple[str, str]], chunks: Chunks, output: Path | N
             w.write_batch(pa.record_batch([list(c) for c in columns], schema=schema))
 
 
-_WRITERS = {"csv": _write_csv, "jsonl": _write_jsonl, "parquet": _write_parquet}
+_WRITERS: dict[str, Writer] = {
+    "csv": _write_csv,
+    "jsonl": _write_jsonl,
+    "parquet": _write_parquet,
+}
 
 
 def register(app: typer.Typer) -> None:

@@ -29,6 +29,7 @@ from soakd.cli.common import (
     latest_mode,
     latest_option,
     mode_option,
+    number_option,
     output_option,
     reading,
     run_ref,
@@ -178,12 +179,18 @@ def compare_cmd(
     output: Annotated[Path | None, output_option()] = None,
     fail_on_regression: Annotated[
         float | None,
-        typer.Option(help="Exit 1 when --metric is worse in RUN_B by more than PCT percent."),
+        number_option(
+            "--fail-on-regression",
+            metavar="PCT",
+            help="Exit 1 when --metric is worse in RUN_B by more than PCT percent.",
+        ),
     ] = None,
     metric: Annotated[str, typer.Option(help="Metric gated by --fail-on-regression.")] = (
         "total_ms.p50"
     ),
-    alpha: Annotated[float, typer.Option(help="Significance level of the tests.")] = 0.01,
+    alpha: Annotated[
+        float, number_option("--alpha", metavar="A", help="Significance level of the tests.")
+    ] = 0.01,
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:

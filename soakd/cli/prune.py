@@ -20,6 +20,7 @@ from soakd.cli.common import (
     default_db_path,
     error,
     format_option,
+    number_option,
     output_option,
     reading,
 )
@@ -36,7 +37,7 @@ MODE_HELP = (
 def prune_cmd(
     keep_days: Annotated[
         float | None,
-        typer.Option(min=0, metavar="N", help="Keep runs started in the last N days."),
+        number_option("--keep-days", minimum=0, help="Keep runs started in the last N days."),
     ] = None,
     keep_runs: Annotated[
         int | None,

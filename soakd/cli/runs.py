@@ -28,9 +28,10 @@ from soakd.cli.common import (
     run_ref,
 )
 from soakd.cli.output import print_rich, write_output
+from soakd.config import MAX_NUMBER
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
-from soakd.report.console import format_streams_table
+from soakd.report.console import format_criteria_rows, format_streams_table
 from soakd.store import queries, runs
 from soakd.store.chunk_stages import chunk_stage_stats
 from soakd.store.rundata import load_verdict_rows
@@ -41,7 +42,9 @@ SHOW_FORMAT_HELP = "text (tables) or json (one object: run, stages, events)."
 
 def runs_cmd(
     db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    limit: Annotated[int, typer.Option(min=1, help="How many runs, newest first.")] = 20,
+    limit: Annotated[
+        int, typer.Option(min=1, max=MAX_NUMBER, help="How many runs, newest first.")
+    ] = 20,
     mode: Annotated[
         str | None,
         choice_option("--mode", values=RUN_MODES, help="Only runs of this mode."),
@@ -65,8 +68,10 @@ def runs_cmd(
 
 def _runs_table(rows: list[dict[str, Any]]) -> Table:
     t = Table()
+    # a run id is what people copy into `soakd show`: never cut or wrapped
+    t.add_column("run_id", no_wrap=True, min_width=max((len(r["run_id"]) for r in rows), default=6))
     for c in (
-        "run_id",
+        "name",
         "mode",
         "status",
         "verdict",
@@ -83,6 +88,7 @@ def _runs_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         t.add_row(
             r["run_id"],
+            r["name"] or "-",
             r["mode"],
             r["status"],
             r["verdict"] or "-",
@@ -104,6 +110,7 @@ def format_labels(labels: dict[str, str]) -> str:
 
 
 SHOW_EVENTS = (
+    "warmup_end",
     "error",
     "oom",
     "stall",
@@ -135,7 +142,8 @@ def show_cmd(
             chunk_stages = chunk_stage_stats(conn, rid)  # a rollout's named stages
             evs = queries.events(conn, rid, SHOW_EVENTS)
             peak_rss = queries.peak(conn, rid, "rss_bytes")
-            streams = stored_streams(load_verdict_rows(conn, rid))  # run.streams > 1 only
+            verdict_rows = load_verdict_rows(conn, rid)
+            streams = stored_streams(verdict_rows)  # run.streams > 1 only
         except SoakdError as exc:
             raise error(str(exc), exc.exit_code) from None
     if as_json or fmt == "json":
@@ -144,13 +152,21 @@ def show_cmd(
             "stages": stages,
             "chunk_stages": chunk_stages,
             "events": evs[:50],
+            "criteria": [_criterion(r) for r in verdict_rows],
             "streams": streams,
         }
         write_output(json.dumps(doc, default=str, indent=2), output)
         return
     shown = _show_text(run, stages, evs, peak_rss)
     shown[1:1] = _generator_lines(run.get("summary") or {}, chunk_stages)
+    if verdict_rows:
+        shown.append(format_criteria_rows([_criterion(r) for r in verdict_rows]))
     print_rich([*shown, format_streams_table(streams)] if streams else shown, output)
+
+
+def _criterion(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored verdict row without its evidence (``soakd report -f json`` has that)."""
+    return {k: v for k, v in row.items() if k != "evidence"}
 
 
 def _ms(v: Any) -> str:
@@ -163,11 +179,23 @@ def _generator_lines(s: dict[str, Any], chunk_stages: dict[str, Any]) -> list[st
     iv = s.get("interval_ms")
     out = []
     if isinstance(iv, dict):
+        episodes = s.get("rollout_episodes")
         out.append(
-            f"first output {_ms(s.get('first_output_ms'))} ms, output interval ms "
-            f"p50 {_ms(iv.get('p50'))} p95 {_ms(iv.get('p95'))} p99 {_ms(iv.get('p99'))} "
-            f"max {_ms(iv.get('max'))} ({iv.get('n', 0)} frames)"
+            f"first output {_ms(s.get('first_output_ms'))} ms"
+            + (f", {episodes} episode(s)" if episodes is not None else "")
         )
+        judged = s.get("interval_judged_on")
+        for key, label, basis in (
+            ("presentation_ms", "presentation interval", "presentation"),
+            ("interval_ms", "per-frame average interval", "per_frame"),
+        ):
+            d = s.get(key)
+            if isinstance(d, dict):
+                mark = " (judged)" if judged == basis else ""
+                out.append(
+                    f"{label}{mark} ms p50 {_ms(d.get('p50'))} p95 {_ms(d.get('p95'))} "
+                    f"p99 {_ms(d.get('p99'))} max {_ms(d.get('max'))} ({d.get('n', 0)} frames)"
+                )
     out += [
         f"chunk stage {name}: p50 {_ms(d['p50'])} p95 {_ms(d['p95'])} p99 {_ms(d['p99'])} "
         f"max {_ms(d['max'])} ms ({d['n']} chunks)"

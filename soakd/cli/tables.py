@@ -37,8 +37,15 @@ def profile_tables(r: ProfileResult) -> list[Any]:
         lines.append(f"first frame raised: {r.first_error}")
     if r.out_tokens is not None:
         lines.append(f"output tokens per frame (median): {r.out_tokens:g}")
+    if r.session is not None:
+        se = r.session
+        lines.append(
+            f"session: interval between frames taken p50 {_ms(se.take_interval_p50_ms)} ms, "
+            f"max {_ms(se.take_interval_max_ms)} ms ({se.taken} frames); capture -> next "
+            f"output p50 {_ms(se.output_latency_p50_ms)} ms"
+        )
     if r.theoretical_fps is not None:
-        lines.append(f"theoretical rate {r.theoretical_fps:.2f} fps (1000 / median total)")
+        lines.append(f"theoretical rate {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
         lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")
     else:
         lines.append("theoretical rate: unknown (no frame finished after the first)")

@@ -69,6 +69,24 @@ def format_verdict_table(verdict: Verdict, *, boxed: bool = True) -> RenderableT
     return Group(*parts)
 
 
+def format_criteria_rows(rows: Sequence[dict[str, Any]]) -> Table:
+    """Stored verdict rows (criterion, status, value, threshold, unit) as a compact table:
+    what ``soakd show`` lists; ``soakd gate`` prints the details."""
+    table = Table(box=box.SIMPLE_HEAD, expand=False)
+    for col in ("criterion", "status", "value", "threshold", "unit"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        status, unit = str(r["status"]), str(r.get("unit") or "")
+        table.add_row(
+            str(r["criterion"]),
+            Text(status.upper(), style=_STYLE.get(status, "")),
+            _fmt(r.get("value"), unit),
+            _fmt(r.get("threshold"), unit),
+            unit,
+        )
+    return table
+
+
 #: the per-stream table's columns: heading, and the text of one stream's result
 STREAM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("stream", "stream"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from soakd.report.markdown import tail_words
+from soakd.report.markdown import episodes_words, interval_words, tail_words
 from soakd.report.summary import RunSummary
 
 
@@ -39,11 +39,11 @@ def _generator_html(s: RunSummary) -> str:
     g = s.generator
     if not g:
         return ""
-    iv = g["interval"]
+    items = "".join(f"<li>{escape(line)}</li>" for line in interval_words(g))
     out = (
         f'<p class="note" id="generator"><b>First output:</b> '
-        f"{_ms(g.get('first_output_ms'))} ms; <b>output interval</b> (ms, {iv.n} frames): "
-        f"p50 {_ms(iv.p50)}, p95 {_ms(iv.p95)}, p99 {_ms(iv.p99)}, max {_ms(iv.max)}</p>"
+        f"{_ms(g.get('first_output_ms'))} ms{escape(episodes_words(g))}</p>"
+        f'<ul class="note" id="intervals">{items}</ul>'
     )
     if g.get("tail"):
         words = escape(tail_words(g["tail"]))

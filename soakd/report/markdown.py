@@ -89,13 +89,8 @@ def generator_lines(s: RunSummary) -> list[str]:
     g = s.generator
     if not g:
         return []
-    iv = g["interval"]
-    lines = [
-        "",
-        f"**First output:** {_ms(g.get('first_output_ms'))} ms; **output interval** "
-        f"(ms, {iv.n} frames): p50 {_ms(iv.p50)}, p95 {_ms(iv.p95)}, p99 {_ms(iv.p99)}, "
-        f"max {_ms(iv.max)}",
-    ]
+    lines = ["", f"**First output:** {_ms(g.get('first_output_ms'))} ms{episodes_words(g)}"]
+    lines += ["", *(f"- {line}" for line in interval_words(g, "**"))]
     if g.get("tail"):
         lines += ["", f"**Interval tail:** {tail_words(g['tail'])}"]
     if s.chunk_stages:
@@ -107,6 +102,33 @@ def generator_lines(s: RunSummary) -> list[str]:
                 f"{_ms(d.max)} |"
             )
     return lines
+
+
+def episodes_words(g: dict[str, Any]) -> str:
+    """``; 1 episode (one rollout for the whole run)`` for a rollout, else ``""``."""
+    n = g.get("episodes")
+    if n is None:
+        return ""
+    return "; 1 episode (one rollout for the whole run)" if n == 1 else f"; {n} episodes"
+
+
+def interval_words(g: dict[str, Any], b: str = "") -> list[str]:
+    """The presentation interval and the per-frame average (``b``: the bold marker), each
+    marked when content_fps and jitter judged it."""
+    judged = g.get("judged_on")
+    rows = (
+        ("presentation", "presentation interval", "frames as they become visible"),
+        ("per_frame", "per-frame average interval", "each gap over its frames"),
+    )
+    out = []
+    for basis, label, what in rows:
+        d = g["presentation" if basis == "presentation" else "interval"]
+        mark = " (judged: criteria.generator_interval)" if judged == basis else ""
+        out.append(
+            f"{b}{label}{b}{mark} (ms, {what}, {d.n} frames): p50 {_ms(d.p50)}, "
+            f"p95 {_ms(d.p95)}, p99 {_ms(d.p99)}, max {_ms(d.max)}"
+        )
+    return out
 
 
 def tail_words(tail: dict[str, Any]) -> str:

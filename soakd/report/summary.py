@@ -73,9 +73,11 @@ class RunSummary:
     # the frame), "consume to output" (take -> its first output after); empty otherwise
     session: dict[str, Dist] = field(default_factory=dict)
     questions: list[dict[str, Any]] = field(default_factory=list)  # session_questions
-    # generator runs: "first_output_ms", "interval" (a Dist of the output intervals) and
-    # "tail" (where the intervals at or above their p95 fall, by emit position and chunk);
-    # empty otherwise
+    # generator runs: "first_output_ms", "interval" (a Dist of the per-frame average
+    # intervals), "presentation" (a Dist of the presentation intervals: frames as they
+    # become visible), "judged_on" (the one content_fps and jitter judged), "tail" (where
+    # the per-frame intervals at or above their p95 fall, by emit position and chunk) and a
+    # rollout's "episodes"; empty otherwise
     generator: dict[str, Any] = field(default_factory=dict)
     chunk_stages: dict[str, Dist] = field(default_factory=dict)  # a rollout's named stages
     # served models (kind = "openai"): "time to first token" (the infer stage), the requests'
@@ -192,15 +194,24 @@ def _served(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
     return {k: d for k, d in out.items() if d.n}
 
 
-def _generator(data: RunData, t0: float) -> dict[str, Any]:
-    """A generator run's first output, output intervals and their tail (see chunks.py)."""
+def _generator(data: RunData, verdict: Verdict) -> dict[str, Any]:
+    """A generator run's first output, output intervals (the per-frame average and the
+    presentation interval), which of them content_fps and jitter judged, the tail, and a
+    rollout's episode count (see chunks.py)."""
     if not data.meta.generates:
         return {}
+    t0 = float(verdict.window.get("t0", 0.0))
     iv = chunks.output_intervals(data, t0)
     d = Dist.of(iv.ms)
     out: dict[str, Any] = {"first_output_ms": chunks.first_output_ms(data), "interval": d}
+    out["presentation"] = Dist.of(chunks.presentation_intervals(data, t0).ms)
+    cf = verdict.get("content_fps")
+    out["judged_on"] = (cf.evidence or {}).get("basis") if cf is not None else None
     if d.p95 is not None:
         out["tail"] = chunks.interval_tail(iv, d.p95)
+    episodes = data.meta.counter("rollout_episodes")
+    if episodes is not None:
+        out["episodes"] = int(episodes)
     return out
 
 
@@ -223,7 +234,7 @@ def summarize(data: RunData, verdict: Verdict) -> RunSummary:
         config=dict(data.meta.config),
         session=_session(data, measured),
         questions=list(data.meta.summary.get("session_questions") or []),
-        generator=_generator(data, float(verdict.window.get("t0", 0.0))),
+        generator=_generator(data, verdict),
         chunk_stages={name: Dist.of(col[measured]) for name, col in data.stages.items()},
         served=_served(data, measured),
     )

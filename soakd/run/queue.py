@@ -189,9 +189,6 @@ class OneStream:
     def drops(self) -> int:
         return self.queue.drops
 
-    def __len__(self) -> int:
-        return len(self.queue)
-
     @property
     def closed(self) -> bool:
         return self.queue.closed

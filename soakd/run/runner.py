@@ -32,7 +32,6 @@ from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResu
 from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Sample
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.drivers.concurrent import counters_for
-from soakd.run.drivers.context import StreamCounters
 from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
 from soakd.run.progress import Rolling
@@ -263,6 +262,7 @@ class Run:
             width=s.source.width,
             height=s.source.height,
             fps=s.run.fps,
+            duration_s=s.run.duration,
             audio_rate=s.audio.sample_rate if s.audio.kind != "none" else None,
             cache_dir=getattr(s.workload, "cache_dir", None),
             device=getattr(s.workload, "device", None) or "cpu",
@@ -543,7 +543,7 @@ class Run:
         c = built.ctx.counters
         # as the run ended, before closing the workload can release a hung frame
         self._at_stop = (c.in_flight_since_ns, self.stall_timeout_s(c))
-        self._in_flight_at_stop = _in_flight_streams(c)
+        self._in_flight_at_stop = c.in_flight_streams()
         if not stalled and c.in_flight_since_ns is not None:
             stalled = self._stalled_at_end(c)
         return stalled
@@ -583,7 +583,7 @@ class Run:
         s, clock, c = self.settings, self.clock, built.ctx.counters
         end_ns = self.t0_ns + int(s.run.duration * 1e9)
         next_progress = self.t0_ns + 1_000_000_000
-        ready, warm_logged, last_done_seen = False, s.run.warmup_s <= 0, 0
+        ready, warm_logged, last_done_seen = False, False, 0
         while not self.stop.wait(0.05):
             self._frames.drain()  # a low rate or a hung model: no record waits for a batch
             now = clock.now_ns()
@@ -593,9 +593,9 @@ class Run:
             if not ready and c.done >= 1:
                 ready = True
                 self.obs.on_ready()
-            if not warm_logged and now >= built.ctx.warmup_end_ns:
+            if not warm_logged and c.done >= 1 and now >= built.ctx.warmup_end_ns:
                 warm_logged = True
-                self._event(self._now_event("warmup_end", f"warm-up of {s.run.warmup_s:g} s ended"))
+                self._event(self._warmup_event(built.ctx, now))
             since = c.in_flight_since_ns
             if since is not None and now - since > self.stall_timeout_s(c) * 1e9:
                 self._event(self._now_event("stall", self._stall_message(c, since)))
@@ -609,6 +609,17 @@ class Run:
                 progressing, last_done_seen = c.done != last_done_seen, c.done
                 self.obs.on_progress(self._progress(built, now, end_ns, progressing))
         return False
+
+    def _warmup_event(self, ctx: DriverContext[Any], now: int) -> Event:
+        """The ``warmup_end`` event, at the boundary the drivers flag frames by (not when the
+        monitor saw it pass): ``run.warmup_s`` or the end of the first frame, whichever is
+        later (``DriverContext.first_done``)."""
+        warm, end = self.settings.run.warmup_s, ctx.warmup_end_ns
+        t = (end - self.t0_ns) / 1e9
+        msg = f"warm-up of {warm:g} s ended"
+        if end > self.t0_ns + int(warm * 1e9):
+            msg = f"warm-up ended with the first frame at {t:.2f} s (warmup_s {warm:g} s)"
+        return Event("warmup_end", t, self.clock.wall() - (now - end) / 1e9, msg)
 
     def _stall_message(self, c: Counters, since_ns: int) -> str:
         return (
@@ -642,7 +653,7 @@ class Run:
             ),
             rss_bytes=vals.get("rss_bytes"),  # type: ignore[arg-type]
             gpu_mem_bytes=gpu,  # type: ignore[arg-type]
-            warmup=now < built.ctx.warmup_end_ns,
+            warmup=c.done == 0 or now < built.ctx.warmup_end_ns,
             progressing=progressing,
             stalled_s=(now - c.last_done_ns) / 1e9,
         )
@@ -789,13 +800,6 @@ class Run:
             "in_flight_at_end": int(bool(mine)),
             "in_flight_since_s": total["in_flight_since_s"] if mine else None,
         }
-
-
-def _in_flight_streams(c: Counters) -> set[int]:
-    """The streams with a frame in the workload (one at most unless the driver is concurrent)."""
-    if isinstance(c, StreamCounters):
-        return c.in_flight_streams()
-    return set() if c.in_flight_since_ns is None else {c.in_flight_stream}
 
 
 def _pacer_counters(pacers: Sequence[Pacer], done: int) -> dict[str, int]:

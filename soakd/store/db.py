@@ -48,7 +48,9 @@ from soakd.store.schema import (
     EVENT_COLUMNS,
     FRAME_COLUMNS,
     SAMPLE_COLUMNS,
+    ChangedSchemaError,
     NewerSchemaError,
+    check_columns,
     check_schema,
     migrate,
 )
@@ -173,10 +175,22 @@ def corrupt_message(path: Path, exc: BaseException) -> str:
 
 
 def _check_schema(conn: sqlite3.Connection, p: Path) -> None:
+    """Refuse a database from a newer soakd, or one whose tables were changed by hand: the
+    run would fail at its first write, the report at its first query."""
     try:
-        check_schema(conn)
+        check_columns(conn, check_schema(conn))
     except NewerSchemaError as exc:
         raise StoreError(f"{p}: {exc}") from None
+    except ChangedSchemaError as exc:
+        raise StoreError(f"{p}: {changed_schema_message(exc)}") from None
+
+
+def changed_schema_message(exc: ChangedSchemaError) -> str:
+    """The one line after the path for a schema changed outside soakd."""
+    return (
+        f"{exc}: the schema was changed outside soakd (no migration records it); restore"
+        " it, or give another database file"
+    )
 
 
 def _check_writable(conn: sqlite3.Connection) -> None:

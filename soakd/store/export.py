@@ -8,7 +8,7 @@ is exported without a change here; ``run_id`` is left out (every row has the sam
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 #: the tables ``soakd export --table`` can write, and the key that orders their rows
@@ -39,9 +39,10 @@ def count_rows(conn: sqlite3.Connection, table: str, run_id: str) -> int:
 
 def iter_chunks(
     conn: sqlite3.Connection, table: str, run_id: str, *, chunk_rows: int = CHUNK_ROWS
-) -> Iterator[list[tuple[Any, ...]]]:
+) -> Generator[list[tuple[Any, ...]], None, None]:
     """The run's rows of ``table`` in key order, ``chunk_rows`` at a time (never all at
-    once); each row's values follow ``columns(conn, table)``."""
+    once); each row's values follow ``columns(conn, table)``. Close it (``contextlib.
+    closing``) before the connection when not read to the end: its cursor closes then."""
     names = ", ".join(name for name, _ in columns(conn, table))
     cur = conn.execute(
         f"SELECT {names} FROM {table} WHERE run_id = ? ORDER BY {EXPORT_TABLES[table]}",

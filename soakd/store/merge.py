@@ -38,7 +38,13 @@ from typing import Any
 from soakd.errors import ExitCode, SoakdError, UsageError
 from soakd.store import db as store
 from soakd.store.prune import run_tables
-from soakd.store.schema import MIGRATIONS, SCHEMA_VERSION, schema_version
+from soakd.store.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    ChangedSchemaError,
+    check_columns,
+    schema_version,
+)
 
 #: a run's rows besides its ``runs`` row, in the order they are copied (then any other table
 #: with a ``run_id``, by name: ``child_tables``)
@@ -110,6 +116,11 @@ def check_output(out: Path) -> None:
     older schema (it is migrated); anything else is refused."""
     if not out.exists():
         return
+    if out.is_dir():
+        raise MergeRefused(
+            f"{out}: OUT is a directory, not a database file: name the merged database's"
+            f" file, e.g. {out / 'soakd.db'}"
+        )
     tables, done = _inspect(out)
     if tables and not {"_migrations", "runs"} <= tables:
         raise MergeRefused(f"{out}: not a soakd run database (no _migrations or runs table)")
@@ -123,9 +134,16 @@ def check_input(out: Path, path: Path) -> None:
         raise MergeRefused(f"{path}: is the output database {out} itself")
     if not path.exists():
         raise MergeRefused(f"{path}: no such file")
+    if path.is_dir():
+        raise MergeRefused(f"{path}: is a directory, not a run database file")
     if not path.is_file():
         raise MergeRefused(f"{path}: not a file")
-    _check_source(path, *_inspect(path))
+    with closing(sqlite3.connect(":memory:", uri=True, isolation_level=None)) as conn:
+        _attach(conn, path)
+        try:
+            _check_source(conn, path)
+        except sqlite3.DatabaseError as exc:
+            raise MergeRefused(_unreadable(path, exc)) from None
 
 
 def _inspect(path: Path) -> tuple[set[str], set[str]]:
@@ -135,7 +153,22 @@ def _inspect(path: Path) -> tuple[set[str], set[str]]:
         try:
             return _tables(conn), _migrations(conn)
         except sqlite3.DatabaseError as exc:
-            raise MergeRefused(f"{path}: cannot read it: {exc}") from None
+            raise MergeRefused(_unreadable(path, exc)) from None
+
+
+def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """The one line for a file SQLite cannot open or read: damaged (SQLITE_CORRUPT, which
+    an ATTACH reports as "unable to open database"), not SQLite, or why it cannot be read."""
+    code = getattr(exc, "sqlite_errorname", "")
+    if code.startswith("SQLITE_CORRUPT") or "malformed" in str(exc):
+        return store.corrupt_message(
+            path, sqlite3.DatabaseError("database disk image is malformed")
+        )
+    if code == "SQLITE_NOTADB" or "not a database" in str(exc):
+        return f"{path}: not an SQLite database"
+    if not os.access(path, os.R_OK):
+        return f"{path}: permission denied: this user may not read it"
+    return f"{path}: cannot open read-only: {exc}"
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -146,9 +179,10 @@ def _same_file(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def _check_source(path: Path, tables: set[str], done: set[str]) -> None:
-    """An input with these ``tables`` and recorded migrations ``done`` is a soakd run
-    database of exactly this soakd's schema."""
+def _check_source(conn: sqlite3.Connection, path: Path) -> None:
+    """The input attached as ``src`` is a soakd run database of exactly this soakd's schema,
+    every table and column of it there (none renamed or dropped by hand)."""
+    tables, done = _tables(conn), _migrations(conn)
     if not {"_migrations", "runs"} <= tables:
         raise MergeRefused(f"{path}: not a soakd run database (no _migrations or runs table)")
     if done - _KNOWN:
@@ -161,6 +195,10 @@ def _check_source(path: Path, tables: set[str], done: set[str]) -> None:
             f" is {SCHEMA_VERSION}: upgrade it first by opening it once with this soakd, e.g."
             f" `soakd runs --db {path}`, which migrates it"
         )
+    try:
+        check_columns(conn, done, "src")
+    except ChangedSchemaError as exc:
+        raise MergeRefused(f"{path}: {store.changed_schema_message(exc)}") from None
 
 
 def _newer(path: Path, done: set[str]) -> str:
@@ -212,11 +250,10 @@ def _attach(conn: sqlite3.Connection, path: Path) -> None:
             _attach_as_src(conn, store.sqlite_uri(path, flag))
             return
         except sqlite3.DatabaseError as exc:
-            if "not a database" in str(exc):
-                raise MergeRefused(f"{path}: not an SQLite database") from None
+            damaged = getattr(exc, "sqlite_errorname", "").startswith("SQLITE_CORRUPT")
             retry = any(w in str(exc).lower() for w in ("readonly", "unable to open"))
-            if i == len(flags) - 1 or not retry:
-                raise MergeRefused(f"{path}: cannot open read-only: {exc}") from None
+            if i == len(flags) - 1 or not retry or damaged:
+                raise MergeRefused(_unreadable(path, exc)) from None
 
 
 def _attach_as_src(conn: sqlite3.Connection, uri: str) -> None:
@@ -243,7 +280,7 @@ def _merge_one(conn: sqlite3.Connection, out: Path, path: Path) -> MergeResult:
     """Copy what ``path`` adds to ``out`` in one transaction."""
     _attach(conn, path)
     try:
-        _check_source(path, _tables(conn), _migrations(conn))
+        _check_source(conn, path)
         children = child_tables(conn)
         with store.atomic(conn):
             result = _classify(conn, out, path, children)

@@ -28,8 +28,7 @@ _FRAME_VALUE_COLUMNS = frozenset(
         "emitted",
         "lateness_ms",
         "output_latency_ms",
-        "vision_tokens",
-        "audio_tokens",
+        "t_consumed",
     )
 )
 _MEMORY_COLUMNS = frozenset(

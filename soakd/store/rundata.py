@@ -80,6 +80,7 @@ FRAME_FIELDS: tuple[str, ...] = (
     "session_dropped",
     "consume_ms",
     "consume_output_ms",
+    "lateness_ms",
 )
 """The frame columns RunData knows (``has_error``: the frame's workload raised)."""
 

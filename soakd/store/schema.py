@@ -7,6 +7,7 @@ docs/schema.md documents every table, column and view.
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import time
@@ -406,6 +407,54 @@ def check_schema(conn: sqlite3.Connection) -> set[str]:
             f" {SCHEMA_VERSION}; upgrade soakd to use it"
         )
     return done
+
+
+class ChangedSchemaError(Exception):
+    """A table, view or column the recorded migrations made is gone (renamed or dropped
+    outside soakd, with no migration recording it)."""
+
+
+@functools.cache
+def expected_schema(done: frozenset[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each table and view the migrations ``done`` make, tables first: name -> (type,
+    columns), read from an in-memory database they are applied to (once per set)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for name, script in MIGRATIONS:
+            if name in done:
+                conn.executescript(script)
+        objects = conn.execute(
+            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')"
+            " ORDER BY type, rowid"
+        ).fetchall()
+        return {
+            str(n): (str(t), tuple(str(r[1]) for r in conn.execute(f"PRAGMA table_info({n})")))
+            for n, t in objects
+        }
+    finally:
+        conn.close()
+
+
+def check_columns(conn: sqlite3.Connection, done: set[str], schema: str = "main") -> None:
+    """Raise ChangedSchemaError naming the first table or view, and column, that the
+    migrations ``done`` made and the database (``schema``: ``main`` or an attached one) no
+    longer has; tables and columns added besides them are left alone."""
+    try:
+        expected = expected_schema(frozenset(done)) if done else {}
+    except sqlite3.Error:
+        return  # a gap in the recorded migrations: no schema of this soakd to compare with
+    for name, (kind, columns) in expected.items():
+        try:
+            have = [str(r[1]) for r in conn.execute(f"PRAGMA {schema}.table_info({name})")]
+        except sqlite3.OperationalError as exc:
+            raise ChangedSchemaError(f"{kind} {name} cannot be read ({exc})") from None
+        if not have:
+            raise ChangedSchemaError(f"{kind} {name} is missing")
+        missing = [c for c in columns if c not in have]
+        if missing:
+            unknown = [c for c in have if c not in columns]
+            also = f" (it has {', '.join(unknown)}, unknown to this soakd)" if unknown else ""
+            raise ChangedSchemaError(f"{kind} {name} has no column {missing[0]}{also}")
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:

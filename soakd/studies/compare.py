@@ -40,7 +40,7 @@ from soakd.analysis.digest import window_bounds
 from soakd.analysis.model import floor_window_s
 from soakd.analysis.quantiles import StreamQuantiles
 from soakd.analysis.stats import scipy_stats, window_count, window_reduce
-from soakd.config import flatten
+from soakd.config import CriteriaSettings, flatten
 from soakd.errors import UsageError
 from soakd.records import STAGE_COLUMNS
 from soakd.store import profiling_queries as q
@@ -517,7 +517,8 @@ def _floor_window(
     else:
         t0 = 0.0 if profile else data.warmup_end()
         t1 = data.window_end(t0)
-    configured = float(run.config.get("criteria", {}).get("floor_window_s", 10.0))
+    default = CriteriaSettings.model_fields["floor_window_s"].default
+    configured = float(run.config.get("criteria", {}).get("floor_window_s", default))
     window, _note = floor_window_s(max(t1 - t0, 0.0), configured)
     return t0, t1, window
 

@@ -3,9 +3,12 @@
 A profile is a run like any other (stored with ``mode = 'profile'`` in the same database, so
 its frames can be queried), driven unpaced for ``frames`` frames and not judged. The first
 frame (load, allocation, compilation) is reported on its own; every statistic is over the
-rest. The theoretical rate is ``1000 / median total``; the recommended configured rate is
-``RECOMMEND_FACTOR`` (0.6) of it, rounded down to two significant digits, inside the
-0.5-0.7 band that leaves the model headroom for jitter, GC and telemetry.
+rest. The theoretical rate is ``1000 / median total``; for a session model
+(MOSS-VL-Realtime), which takes frames from its own queue at its own pace, ``1000 / median
+interval between the frames it took`` (fed faster than it takes them, that interval is what
+one frame costs it, its own loop included). The recommended configured rate is
+``RECOMMEND_FACTOR`` (0.6) of it, rounded down to two significant digits, inside the 0.5-0.7
+band that leaves the model headroom for jitter, GC and telemetry.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ HELD_FIXED_KEYS: tuple[str, ...] = (
     "num_inference_steps",
     "frames_per_chunk",
 )
+#: a session's settings that fix its work per frame (it has no per-request prompt)
+SESSION_HELD_FIXED_KEYS: tuple[str, ...] = (
+    "max_tokens_per_turn",
+    "max_new_tokens",
+    "frame_queue_size",
+    "max_pixels",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,19 @@ class StreamStats:
     interval_p50_ms: float | None
     interval_p95_ms: float | None
     interval_max_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """Session workloads: the frames the model took from its queue, the interval between
+    them (after the first frame's, which holds its one-time cost) and the latency from a
+    frame's capture to the session's next output."""
+
+    taken: int
+    take_interval_p50_ms: float | None
+    take_interval_max_ms: float | None
+    output_latency_p50_ms: float | None
+    output_latency_max_ms: float | None
 
 
 @dataclass
@@ -89,6 +112,8 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)
     vision_tokens: float | None = None  # median media tokens per request (they set the cost)
     audio_tokens: float | None = None
+    session: SessionStats | None = None
+    rate_basis: str = "median total"  # what the theoretical rate is 1000 over
 
     @property
     def fps_flag(self) -> str | None:
@@ -125,9 +150,11 @@ def recommend(theoretical_fps: float | None) -> tuple[float | None, tuple[float,
 
 
 def held_fixed(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The workload settings that fix the output (prompt, length, beams, input size...)."""
+    """The workload settings that fix the output (prompt, length, beams, input size...; a
+    session's tokens per turn, context and queue)."""
     wl = config.get("workload", {})
-    out = {k: wl[k] for k in HELD_FIXED_KEYS if k in wl}
+    keys = SESSION_HELD_FIXED_KEYS if wl.get("kind") == "session" else HELD_FIXED_KEYS
+    out = {k: wl[k] for k in keys if k in wl}
     max_new = out.get("max_new_tokens")
     if "min_new_tokens" in out and isinstance(max_new, int):  # the effective value
         min_new = out["min_new_tokens"]
@@ -161,6 +188,22 @@ def _stream(conn: sqlite3.Connection, run_id: str, first: Mapping[str, Any]) -> 
     )
 
 
+def _session(conn: sqlite3.Connection, run_id: str) -> SessionStats:
+    v = q.frame_values(conn, run_id, ("t_consumed", "output_latency_ms"), profile=True)
+    taken = np.sort(v["t_consumed"][np.isfinite(v["t_consumed"])])
+    # the first frame is left out by frame_values: its take ends the first interval, so every
+    # interval here is between two frames taken after it
+    iv = np.diff(taken) * 1000.0
+    lat = v["output_latency_ms"][np.isfinite(v["output_latency_ms"])]
+    return SessionStats(
+        taken=int(taken.size),
+        take_interval_p50_ms=_pct(iv, 50),
+        take_interval_max_ms=_pct(iv, 100),
+        output_latency_p50_ms=_pct(lat, 50),
+        output_latency_max_ms=_pct(lat, 100),
+    )
+
+
 def _peak_gpu(peaks: Mapping[str, int | None]) -> int | None:
     vals = [
         v
@@ -186,7 +229,10 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     counts = q.frame_counts(conn, run_id)
     peaks = q.peak_memory(conn, run_id)
     total = stages["total"].median
-    theo = 1000.0 / total if total else None
+    theo, basis = (1000.0 / total if total else None), "median total"
+    session = _session(conn, run_id) if run.workload_kind == "session" else None
+    if session is not None and session.take_interval_p50_ms:
+        theo, basis = 1000.0 / session.take_interval_p50_ms, "median interval between frames taken"
     rec, band = recommend(theo)
     tokens = vals["out_tokens"][np.isfinite(vals["out_tokens"])]
     result = ProfileResult(
@@ -195,7 +241,7 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
         status=run.status,
         reason=run.reason,
         frames=counts["dispatched"],
-        measured=int(np.isfinite(vals["total_ms"]).sum()),
+        measured=int(np.isfinite(vals["total_ms"]).sum()) or (session.taken if session else 0),
         errors=counts["errors"],
         first={s: first.get(f"{s}_ms") for s in STAGES},
         first_error=first.get("error"),
@@ -212,11 +258,25 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
         load_s=run.summary.get("load_s", run.workload.get("load_s")),
         vision_tokens=_median(vals["vision_tokens"]),
         audio_tokens=_median(vals["audio_tokens"]),
+        session=session,
+        rate_basis=basis,
     )
     if run.workload.get("shape", run.workload_kind) in ("generator", "rollout"):
         result.stream = _stream(conn, run_id, first)
     result.notes = _notes(result)
+    if _random_weights(run.config):
+        result.notes.append(
+            "a built-in tiny model with random weights: its outputs are gibberish and its "
+            "times are not a real model's"
+        )
     return result
+
+
+def _random_weights(config: Mapping[str, Any]) -> bool:
+    """The workload is one of soakd's built-in tiny models (random weights, built offline)."""
+    wl = config.get("workload", {})
+    kind = wl.get("kind")
+    return kind == "tiny-vlm" or (kind in ("session", "av") and not wl.get("model_path"))
 
 
 def _notes(r: ProfileResult) -> list[str]:
@@ -309,6 +369,20 @@ def render_markdown(r: ProfileResult) -> str:
             " output) excluded.",
             "",
         ]
+    if r.session is not None:
+        se = r.session
+        lines += [
+            "| session | value (ms) |",
+            "|---|---|",
+            f"| interval between frames taken p50 / max | {_ms(se.take_interval_p50_ms)}"
+            f" / {_ms(se.take_interval_max_ms)} |",
+            f"| capture -> next output p50 / max | {_ms(se.output_latency_p50_ms)}"
+            f" / {_ms(se.output_latency_max_ms)} |",
+            "",
+            f"Frames the model took after the first: {se.taken}; fed faster than it takes"
+            " them, the interval between two is what one frame costs the session.",
+            "",
+        ]
     lines.append(f"- peak process memory (RSS): {_mb(r.peak_rss_bytes)}")
     lines.append(f"- peak GPU memory: {_mb(r.peak_gpu_mem_bytes)}")
     if r.load_s is not None:
@@ -327,7 +401,7 @@ def render_markdown(r: ProfileResult) -> str:
         lines.append(f"- sample output: {text!r}")
     if r.theoretical_fps is not None and r.recommended_band is not None:
         lo, hi = r.recommended_band
-        lines.append(f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / median total)")
+        lines.append(f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
         lines.append(
             f"- recommended rate: {r.recommended_fps:g} fps "
             f"({RECOMMEND_FACTOR:g}x; band {lo:.3g}-{hi:.3g}): `{r.fps_flag}`"

@@ -7,7 +7,9 @@ frames, at most ``max_frames``) and the last ``max_audio_seconds`` of audio (the
 the processor with the window's frames as **one video** (with ``fps = video_fps``, which
 sets the video's temporal positions) and its audio, as a separate clip or, with
 ``use_audio_in_video``, interleaved with the video in time (then also passed to
-``generate``). ``decode`` reports the media token counts (``vision_tokens``,
+``generate``). Frames reach the processor at the source's own size unless ``short_side``
+is set, so the processor's ``min_pixels`` / ``max_pixels`` decide the video's size, as they
+do for a real stream. ``decode`` reports the media token counts (``vision_tokens``,
 ``audio_tokens``) and, in the frame's ``extra``, the window's frame count, the video grid
 ``(t, h, w)``, the seconds per temporal grid step and the audio feature shape.
 
@@ -228,10 +230,9 @@ class AvStaged:
         try:
             self._call_processor([blank], audio)
         except Exception as exc:
-            raise WorkloadError(
-                f"processor rejected a {self.ctx.width}x{self.ctx.height} input "
-                f"(short side {self.s.short_side}): {one_line(exc)}"
-            ) from exc
+            side = self.s.short_side
+            size = f"{self.ctx.width}x{self.ctx.height}" + (f" (short side {side})" if side else "")
+            raise WorkloadError(f"processor rejected a {size} input: {one_line(exc)}") from exc
 
     def _model_info(self) -> dict[str, Any]:
         proc = self.processor

@@ -52,6 +52,7 @@ class WorkloadContext:
     width: int = 640  # source frame size, for shape checks and tiny models
     height: int = 480
     fps: float = 1.0
+    duration_s: float = 60.0  # run.duration: how long the soak will ask for conditions
     audio_rate: int | None = None  # Hz, when an audio source is configured
     cache_dir: str | None = None  # where built-in tiny models are saved and loaded from
     device: str = "cpu"  # where the settings say the workload runs (telemetry samples it)
@@ -85,6 +86,26 @@ class SessionOutput:
     text: str
     kind: Literal["text", "silence", "control"]
     t_ns: int  # monotonic time the output was received by soakd
+    # put by the session's own loop, not made by a model step (MOSS-VL-Realtime's
+    # <|round_start|> for a question, and the <|silence|> it adds when a question and frames
+    # arrive together): counted apart, never an answer to a frame
+    inserted: bool = False
+    # monotonic time the session put it on its output queue (its own thread), when seen:
+    # what decides which pushes and takes it came after (receipt can lag behind a take)
+    t_made_ns: int | None = None
+
+
+@dataclass(slots=True)
+class FrameStages:
+    """The stages soakd timed for one frame the session model took: ``pre_ms`` the processor
+    call that took it, ``infer_ms`` the model step(s) from there to the model's first output
+    after it, ``decode_ms`` the detokenisation in those steps (frames taken together share
+    them)."""
+
+    frame_id: int
+    pre_ms: float
+    infer_ms: float
+    decode_ms: float
 
 
 @dataclass(slots=True)
@@ -106,8 +127,10 @@ class SessionFailed(Exception):
 class SessionWorkload(Protocol):
     """Required methods below; optional ones the session driver uses when present:
     ``consumed() -> list[Consumed] | None`` (frames taken or dropped since the last call, for
-    consume latency; None: consumes cannot be seen), ``ask(text)`` (push a question) and a
-    ``questions`` attribute (``(at_s, text)`` pairs, asked at ``at_s`` s into the run)."""
+    consume latency; None: consumes cannot be seen), ``stages() -> list[FrameStages] | None``
+    (the stages of frames answered since the last call; None: stages cannot be seen),
+    ``ask(text)`` (push a question) and a ``questions`` attribute (``(at_s, text)`` pairs,
+    asked at ``at_s`` s into the run)."""
 
     shape: Literal["session"]
 

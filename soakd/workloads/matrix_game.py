@@ -27,9 +27,18 @@ setup(), in the order of their ``infer_distilled.main`` and
    (depth for the memory bank), the data row through ``accelerator.prepare(DataLoader)``,
    ``model._materialize_data`` and ``model._ensure_batched_latents`` (the C0 latents).
 
+5. the hook check: ``model_fn_causal_kv`` and the boundary helper still take the keywords
+   soakd reads (``READS``), then their rollout runs one chunk (``_FirstChunk``, not
+   recorded) and every stage this configuration runs must have been timed, by the hook
+   soakd expects (``expected_stages``); one that was not ends setup in one line (or, with
+   ``allow_missing_stages``, is a ``setup_warnings`` line the driver stores as a
+   ``missing_stage`` event).
+
 rollout(run): one *episode* is one call of ``mosaic/causal_rollout._run_causal_kv_rollout``
-(``num_blocks`` blocks of ``latent_window_size / chunk_size`` chunks) with a fresh memory
-bank (``causal_inference._build_handler``); episodes follow each other until the run ends.
+(``num_blocks`` blocks of ``latent_window_size / chunk_size`` chunks, or blocks enough for
+``episode_frames``; 0: for every chunk the soak can ask for) with a fresh memory bank
+(``causal_inference._build_handler``); episodes follow each other until the run ends
+(``episodes`` counts them).
 That function is one monolithic loop, so at setup the module-level callables it looks up
 in ``causal_rollout``'s namespace are wrapped with timing shims (restored at close), and
 the memory bank's methods on the handler and context pool it is given:
@@ -39,7 +48,10 @@ the memory bank's methods on the handler and context pool it is given:
   before the episode, so first output counts the episode's setup); ``None`` ends the
   rollout. The condition's ``index`` picks the chunk's poses from the camera file: chunk
   ``index mod chunks-per-episode``, poses ``[1 + 4·chunk_size·k ...]`` as their
-  ``infer.py`` lays them out (checked against the loop's own chunk number);
+  ``infer.py`` lays them out (checked against the loop's own chunk number). A call without
+  ``local_chunk_idx`` of this chunk or the next, or a chunk whose denoise starts after the
+  previous chunk's cache-fill without the boundary (their loop calls the helper by another
+  name), is a one-line error naming the hook and the call soakd expected;
 * ``context``: ``_build_initial_causal_kv_dynamic_context_pool`` and the pool's
   ``select_for_chunk``;
 * ``kv_seed``: ``model_fn_causal_kv(write_cache=True)`` without a read chunk (the C0
@@ -69,6 +81,8 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
+import math
 import os
 import shutil
 import subprocess
@@ -78,6 +92,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, Literal
+
+import numpy as np
 
 from soakd.config import MatrixGameWorkloadSettings
 from soakd.workloads.base import RolloutRun, WorkloadContext, WorkloadError
@@ -126,6 +142,22 @@ HANDLER_METHODS = (
 POOL_METHODS = {"select_for_chunk": "context", "add_generated_chunk": "memory_bank"}
 RGB_PER_LATENT = 4  # Wan VAE: one latent frame = 4 RGB frames
 CONTENT_FPS = 16.0  # their _write_video plays the result at 16 fps
+#: the keywords soakd reads from the calls it wraps (the stage of a model_fn_causal_kv
+#: call, the chunk of a boundary); a callee without one of them is a changed release
+READS: dict[str, tuple[str, ...]] = {
+    "model_fn_causal_kv": ("latents_chunk", "write_cache", "cache_read_chunk_id"),
+    "_rolling_anchor_source_position": ("local_chunk_idx",),
+}
+#: how soakd tells the DiT's stages apart: the model_fn_causal_kv call each one makes
+DIT_CALLS = {
+    "kv_seed": "model_fn_causal_kv(write_cache=True) without cache_read_chunk_id",
+    "denoise": "model_fn_causal_kv(write_cache=False)",
+    "kv_write": "model_fn_causal_kv(write_cache=True, cache_read_chunk_id=i)",
+}
+BOUNDARY = "_rolling_anchor_source_position"
+BOUNDARY_CALL = (
+    "_rolling_anchor_source_position(local_chunk_idx=i, ...) once at the start of chunk i"
+)
 
 
 def _line(exc: BaseException | object) -> str:
@@ -137,6 +169,11 @@ def _line(exc: BaseException | object) -> str:
 class _RolloutEnded(BaseException):
     """Raised from the chunk-boundary shim when the run ends: unwinds their loop (a
     BaseException, so no ``except Exception`` of theirs takes it)."""
+
+
+class _HookChanged(BaseException):
+    """A hook was called as soakd does not expect (a changed release): unwinds their loop
+    and becomes a one-line WorkloadError naming the hook."""
 
 
 # --------------------------------------------------------------------------------------
@@ -155,6 +192,29 @@ def _forget_other_checkout(root: Path) -> None:
         top = name.partition(".")[0]
         if top in TOP_LEVEL and not _under(sys.modules[name], root):
             del sys.modules[name]
+
+
+def check_camera(path: Path) -> None:
+    """A camera track soakd can read: an .npz archive of plain arrays (no pickled objects)
+    with extrinsics (``extrinsics_c2w`` or ``extrinsics``) and ``intrinsics``, else a
+    one-line WorkloadError (never numpy's own text)."""
+    bad = f"workload.camera: {path} is not a camera track soakd can read"
+    want = "an .npz archive of arrays: extrinsics_c2w (N,4,4) and intrinsics"
+    try:
+        z = np.load(path, allow_pickle=False)
+    except Exception:
+        raise WorkloadError(f"{bad} ({want})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise WorkloadError(f"{bad} (a single array; {want})")
+    with z:
+        keys = ("extrinsics_c2w" if "extrinsics_c2w" in z else "extrinsics", "intrinsics")
+        for key in keys:
+            if key not in z:
+                raise WorkloadError(f"{bad} (no {key!r}; {want})")
+            try:
+                z[key]
+            except Exception:
+                raise WorkloadError(f"{bad} ({key!r} is damaged; {want})") from None
 
 
 def check_layout(repo: Path) -> None:
@@ -235,7 +295,9 @@ def upstream_commit(repo: Path) -> str | None:
 
 class Shims:
     """The stage timing around causal_rollout's callables, and the chunk bookkeeping:
-    which chunk is current, whether it emitted, the latents soakd decodes when it did not."""
+    which chunk is current, whether it emitted, the latents soakd decodes when it did not.
+    ``absent``: the methods soakd wraps that an object no longer has (a renamed method:
+    its stage is not timed)."""
 
     def __init__(self, cr: ModuleType) -> None:
         self.cr = cr
@@ -245,14 +307,17 @@ class Shims:
         self.out: dict[str, Any] = {}  # pipe, device, tiled, chunk_size, total_chunks
         self.chunk = 0  # the episode's current chunk
         self.emitted = False
+        self.written = False  # the current chunk's cache-fill ran (its denoise is over)
         self.latents: Any = None  # the current chunk's final latents (the cache-fill input)
         self.anchor: Any = None  # the latent frame before the current chunk
+        self.absent: dict[str, list[str]] = {}  # stage -> "Class.method" soakd found missing
+        self.dit: set[str] = set()  # the stages model_fn_causal_kv calls were classified as
 
     # --- install / restore
     def install(self) -> None:
         wrappers: dict[str, Callable[..., Any]] = {
             "model_fn_causal_kv": self._model_fn,
-            "_rolling_anchor_source_position": self._boundary,
+            BOUNDARY: self._boundary,
             "_decode_generated_chunk_from_prefix_latents": self._decode_chunk,
         }
         for name, stage in SHIMMED.items():
@@ -263,6 +328,8 @@ class Shims:
                 f"{MODULES['causal_rollout']} has no {', '.join(missing)}: a "
                 "Matrix-Game release this workload does not know"
             )
+        for name, keywords in READS.items():
+            _check_keywords(name, getattr(self.cr, name), keywords)
         for name, wrapper in wrappers.items():
             self.saved[name] = getattr(self.cr, name)
             setattr(self.cr, name, wrapper)
@@ -291,20 +358,33 @@ class Shims:
         return result
 
     def wrap_methods(self, obj: Any, stages: dict[str, str]) -> None:
-        """Time these methods of one object (the memory bank handler, the context pool)."""
+        """Time these methods of one object (the memory bank handler, the context pool); a
+        method it does not have is noted in ``absent`` under its stage."""
         for method, stage in stages.items():
             fn = getattr(obj, method, None)
-            if fn is not None:
-                setattr(obj, method, functools.partial(self.timed, stage, fn))
+            if fn is None:
+                where = f"{type(obj).__name__}.{method}"
+                if where not in self.absent.setdefault(stage, []):
+                    self.absent[stage].append(where)
+                continue
+            setattr(obj, method, functools.partial(self.timed, stage, fn))
 
     def _model_fn(self, *a: Any, **kw: Any) -> Any:
         if not kw.get("write_cache", False):
             stage = "denoise"
+            if self.written and self.run is not None:
+                raise _HookChanged(
+                    f"chunk {self.chunk + 1} of the episode began without the chunk-boundary "
+                    f"hook: soakd expected {BOUNDARY_CALL} (their loop no longer calls it "
+                    "by that name, or skips it)"
+                )
         elif kw.get("cache_read_chunk_id") is not None:
             stage = "kv_write"
             self.latents = kw.get("latents_chunk")
+            self.written = True
         else:
             stage = "kv_seed"
+        self.dit.add(stage)
         return self.timed(stage, self.saved["model_fn_causal_kv"], *a, **kw)
 
     def _decode_chunk(self, *a: Any, **kw: Any) -> Any:
@@ -316,29 +396,38 @@ class Shims:
 
     # --- chunks
     def begin_episode(self, run: RolloutRun, index: int, c0: Any) -> None:
+        if index % self.out["total_chunks"] != 0:
+            raise _HookChanged(
+                f"condition {index} starts an episode of {self.out['total_chunks']} chunks "
+                f"after one that ended in chunk {self.chunk}: soakd expected {BOUNDARY_CALL}"
+            )
         self.run, self.chunk, self.emitted, self.latents, self.anchor = run, 0, False, None, c0
-        self._check_index(index, 0)
+        self.written = False
 
     def _boundary(self, *a: Any, **kw: Any) -> Any:
-        value = self.saved["_rolling_anchor_source_position"](*a, **kw)
-        i = int(kw.get("local_chunk_idx", a[0] if a else 0))
+        value = self.saved[BOUNDARY](*a, **kw)
         run = self.run
-        if run is None or i == 0:
+        if run is None:
+            return value
+        i = kw.get("local_chunk_idx", a[0] if a else None)
+        if not isinstance(i, int) or i not in (self.chunk, self.chunk + 1):
+            raise _HookChanged(
+                f"their loop called {BOUNDARY}({_call_words(a, kw)}) in chunk {self.chunk} "
+                f"of the episode: soakd expected {BOUNDARY_CALL}"
+            )
+        if i == self.chunk:  # the chunk's own call (or a repeat of it)
             return value
         self.finish_chunk()
         cond = run.next_condition()
         if cond is None:
             raise _RolloutEnded
-        self.chunk, self.emitted, self.latents = i, False, None
-        self._check_index(cond.index, i)
-        return value
-
-    def _check_index(self, index: int, i: int) -> None:
-        if index % self.out["total_chunks"] != i:
-            raise RuntimeError(
-                f"condition {index} arrived for chunk {i} of the episode "
-                f"({self.out['total_chunks']} chunks): the camera poses would not match"
+        self.chunk, self.emitted, self.latents, self.written = i, False, None, False
+        if cond.index % self.out["total_chunks"] != i:
+            raise _HookChanged(
+                f"condition {cond.index} arrived for chunk {i} of an episode of "
+                f"{self.out['total_chunks']} chunks: soakd expected {BOUNDARY_CALL}"
             )
+        return value
 
     def finish_chunk(self) -> None:
         """End the current chunk: decode and emit its frames if their loop did not."""
@@ -365,6 +454,30 @@ class Shims:
             self.emitted = True
         self.anchor = latents[:, :, -1:]
         self.latents = None
+
+
+def _check_keywords(name: str, fn: Callable[..., Any], keywords: tuple[str, ...]) -> None:
+    """``fn`` takes each of ``keywords`` (what soakd reads from its calls), else a one-line
+    WorkloadError naming the hook and the signature soakd expected."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    lost = [k for k in keywords if k not in params]
+    if lost:
+        what = "the chunks apart" if name == BOUNDARY else "kv_seed, denoise and kv_write apart"
+        raise WorkloadError(
+            f"their {name}({', '.join(params)}) has no keyword {', '.join(lost)}: soakd "
+            f"expected {name}(..., {', '.join(f'{k}=...' for k in keywords)}), which it reads "
+            f"to tell {what} (a Matrix-Game release this workload does not know)"
+        )
+
+
+def _call_words(a: tuple[Any, ...], kw: dict[str, Any]) -> str:
+    """How a hook was called: positional values' types, keyword names."""
+    return ", ".join([type(v).__name__ for v in a] + [f"{k}=..." for k in kw])
 
 
 _DECODE = "_decode_generated_chunk_from_prefix_latents"
@@ -397,12 +510,20 @@ class MatrixGameWorkload:
         self.p: SimpleNamespace | None = None  # what every episode is called with
         self._tmp: Path | None = None
         self._torch: Any = None
-        self.episodes = 0
+        self.episodes = 0  # episodes begun in the soak (the run is cut into this many)
+        self.setup_warnings: list[str] = []  # stages allowed missing: missing_stage events
 
     def _check_paths(self) -> None:
         s = self.s
         if (s.prompt is None) == (s.caption is None):
             raise WorkloadError("workload: give exactly one of prompt or caption")
+        if s.num_blocks is not None and s.episode_frames is not None:
+            raise WorkloadError("workload: give at most one of num_blocks or episode_frames")
+        if not s.repo.strip():
+            raise WorkloadError(
+                "workload.repo is empty: name a checkout of Matrix-Game-3.5 (an empty path "
+                "would be the current directory)"
+            )
         if not self.repo.is_dir():
             raise WorkloadError(f"workload.repo: {self.repo} is not a directory")
         check_layout(self.repo)
@@ -411,6 +532,7 @@ class MatrixGameWorkload:
         for key, path in files.items():
             if path is not None and not Path(path).expanduser().is_file():
                 raise WorkloadError(f"workload.{key}: {path} does not exist")
+        check_camera(Path(s.camera).expanduser())
 
     # --- setup
     def setup(self) -> None:
@@ -461,6 +583,69 @@ class MatrixGameWorkload:
             "tiled": self.p.tiled,
             "total_chunks": self.p.total_chunks,
         }
+        self.ctx.phase("checking the timing hooks on a first chunk")
+        self._check_first_chunk()
+
+    # --- the first chunk: every expected stage timed
+    def _check_first_chunk(self) -> None:
+        """Run their rollout for one chunk (not recorded) and check that each stage this
+        configuration runs was timed: a hook that no longer attaches (a renamed method or
+        keyword, a helper called through another name) is one line naming the stage (exit
+        2), or with ``allow_missing_stages`` a warning and a ``missing_stage`` event."""
+        p, shims = self.p, self.shims
+        assert p is not None and shims is not None
+        first = _FirstChunk()
+        shims.begin_episode(first, 0, p.history[:, :, -1:])
+        try:
+            self._episode()
+        except _RolloutEnded:
+            pass
+        except _HookChanged as exc:
+            raise WorkloadError(str(exc)) from None
+        finally:
+            shims.run = None
+        lost = self._missing_stages(first.stages)
+        if lost and not self.s.allow_missing_stages:
+            raise WorkloadError(
+                f"{'; '.join(lost)} (workload.allow_missing_stages = true runs without them)"
+            )
+        for line in lost:
+            self.setup_warnings.append(line)
+            if self.ctx.log is not None:
+                self.ctx.log.warning("missing_stage", message=line)
+
+    def expected_stages(self) -> list[str]:
+        """The stages this configuration's first chunk runs: the DiT's three, the decode
+        (theirs or soakd's), the dynamic context when their helper says it is on, the
+        memory bank when the mode keeps one."""
+        p, cr = self.p, self.mods["causal_rollout"]
+        assert p is not None
+        out = ["kv_seed", "denoise", "kv_write", "vae_decode"]
+        enabled = getattr(cr, "_validation_dynamic_context_enabled_for_mode", None)
+        if enabled is not None and p.use_mosaic and enabled(self.args, p.mode, t2v_no_ref=False):
+            out.append("context")
+        if p.needs_pool:
+            out.append("memory_bank")
+        return out
+
+    def _missing_stages(self, timed: set[str]) -> list[str]:
+        """One phrase per expected stage never timed, or whose wrapped method is gone."""
+        shims = self.shims
+        assert shims is not None
+        out = []
+        for stage in self.expected_stages():
+            gone = shims.absent.get(stage, [])
+            unseen = stage in DIT_CALLS and stage not in shims.dit
+            if stage in timed and not gone and not unseen:
+                continue
+            why = f"no {', '.join(gone)}" if gone else "no hook of it ran"
+            if unseen:
+                why = f"no call {DIT_CALLS[stage]}"
+            out.append(
+                f"stage {stage} was expected and never timed in the first episode ({why}: "
+                "a hook that no longer attaches)"
+            )
+        return out
 
     def _authors_config(self) -> Any:
         dc = self.mods["distilled_config"]
@@ -478,10 +663,23 @@ class MatrixGameWorkload:
                 raise WorkloadError(f"workload.memory_mode: {_line(exc)}") from None
         try:
             cfg = dataclasses.replace(cfg, **knobs)
+            if self.s.episode_frames is not None:
+                knobs["episode_frames"] = self.s.episode_frames
+                cfg = dataclasses.replace(cfg, num_blocks=self._episode_blocks(cfg))
             dc.validate_inference_config(cfg)
         except (TypeError, ValueError) as exc:
             raise WorkloadError(f"workload ({', '.join(knobs)}): {_line(exc)}") from None
         return cfg
+
+    def _episode_blocks(self, cfg: Any) -> int:
+        """``episode_frames`` in blocks (rounded up); 0: enough for every chunk the soak
+        can ask for (run.duration x run.fps, and one spare), so one episode runs it all."""
+        window, cs = int(cfg.latent_window_size), int(cfg.chunk_size)
+        frames = self.s.episode_frames or 0
+        if frames > 0:
+            return max(1, math.ceil(frames / (window * RGB_PER_LATENT)))
+        chunks = math.ceil(self.ctx.duration_s * self.ctx.fps) + 1
+        return max(1, math.ceil(chunks / max(1, window // cs)))
 
     def _weight(self, key: str, given: str | None) -> str:
         try:
@@ -587,11 +785,13 @@ class MatrixGameWorkload:
         try:
             while (cond := run.next_condition()) is not None:
                 self.shims.begin_episode(run, cond.index, self.p.history[:, :, -1:])
+                self.episodes += 1
                 self._episode()
                 self.shims.finish_chunk()
-                self.episodes += 1
         except _RolloutEnded:
             return
+        except _HookChanged as exc:
+            raise WorkloadError(str(exc)) from None
         finally:
             self.shims.run = None
 
@@ -655,6 +855,8 @@ class MatrixGameWorkload:
                 "memory_mode": self.p.mode,
                 "use_mosaic": self.p.use_mosaic,
                 "chunks_per_episode": self.p.total_chunks,
+                "blocks_per_episode": self.p.blocks,
+                "episode_frames": self.p.total_chunks * self.p.chunk_size * RGB_PER_LATENT,
                 "frames_per_chunk": self.p.chunk_size * RGB_PER_LATENT,
                 "latent_grid": [self.p.lat_h, self.p.lat_w],
                 "poses": "camera file chunk = condition index mod chunks_per_episode",
@@ -674,6 +876,25 @@ class MatrixGameWorkload:
             self._tmp = None
         with contextlib.suppress(ValueError):
             sys.path.remove(str(self.repo.resolve()))
+
+
+class _FirstChunk:
+    """The RolloutRun of the check at setup: chunk 0 only (its condition is handed before
+    the episode, the next one is refused); records which stages were timed."""
+
+    def __init__(self) -> None:
+        self.stages: set[str] = set()
+
+    def next_condition(self) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Any:
+        self.stages.add(name)
+        yield
+
+    def emit(self, n: int) -> None:
+        pass
 
 
 def _first_row(rows: list[Any]) -> Any:

@@ -6,7 +6,8 @@
   under ``thinker.``, a ``preprocessor_config.json`` holding the 7B's image-processor and
   feature-extractor settings (128 mel bins, clips padded to 300 s), a ``chat_template.json``
   and a byte-level tokenizer with the 7B's media token names.
-* ``load_processor(path)``: transformers' own ``Qwen2_5OmniProcessor`` from the directory.
+* ``load_processor(path)``: transformers' own ``Qwen2_5OmniProcessor`` from the directory
+  (the tokenizer loaded without transformers' warnings about its default talker config).
   Its video processor (``Qwen2VLVideoProcessor``) needs torchvision; where torchvision does
   not import, ``PilVideoProcessor`` stands in for it (and transformers' PIL image processor
   for the default one), and every other piece (chat template, placeholder expansion, audio
@@ -39,6 +40,8 @@ OMNI_TOKENS = {
 }
 #: the tokenizer's special tokens: chat markers, then the media tokens
 OMNI_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *OMNI_TOKENS.values()]
+#: the chat role the thinker config names (``user_token_id``; one token in the 7B's vocabulary)
+USER_TOKEN = "user"
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
     "perceiving auditory and visual inputs, as well as generating text and speech."
@@ -101,15 +104,18 @@ def is_omni_checkpoint(path: Path) -> bool:
 
 def _tokenizer(base: Any) -> Any:
     """``base`` with the media token names as the processor reads them
-    (``tokenizer.video_token`` ...)."""
+    (``tokenizer.video_token`` ...) and the chat role ``user`` as one token, as in the
+    published vocabulary (the thinker config's ``user_token_id``)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(
         tokenizer_object=base.backend_tokenizer,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=OMNI_TOKENS,
     )
+    tok.add_tokens([USER_TOKEN])
+    return tok
 
 
 def _thinker_config(tok: Any) -> dict[str, Any]:
@@ -158,6 +164,7 @@ def _thinker_config(tok: Any) -> dict[str, Any]:
         "audio_end_token_id": ids["audio_eos"],
         "vision_start_token_id": ids["vision_bos"],
         "vision_end_token_id": ids["vision_eos"],
+        "user_token_id": tok.convert_tokens_to_ids(USER_TOKEN),  # transformers' default: 872
         "position_id_per_seconds": 25,
         "seconds_per_chunk": 2,
         "pad_token_id": tok.pad_token_id,
@@ -303,20 +310,44 @@ def pil_video_processor(path: Path) -> Any:
 
 
 def load_processor(path: Path) -> Any:
-    """``Qwen2_5OmniProcessor`` from ``path``; where torchvision does not import, with the PIL
-    video and image processors (``type(processor.video_processor).__name__`` says which)."""
-    from transformers import AutoProcessor
+    """``Qwen2_5OmniProcessor`` from ``path``, its tokenizer from ``load_tokenizer``; where
+    torchvision does not import, with the PIL video and image processors
+    (``type(processor.video_processor).__name__`` says which)."""
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
 
+    tokenizer = load_tokenizer(path)
     if torchvision_imports():
-        return AutoProcessor.from_pretrained(path)
+        return Qwen2_5OmniProcessor.from_pretrained(path, tokenizer=tokenizer)
     return _processor_class_pil_video().from_pretrained(
         path,
+        tokenizer=tokenizer,
         video_processor=pil_video_processor(path),
         image_processor=Qwen2VLImageProcessorPil.from_pretrained(path),
     )
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The checkpoint's tokenizer as ``AutoTokenizer`` loads it, given the checkpoint's config
+    built by ``Qwen2_5OmniConfig`` itself. Left to read the config with ``AutoConfig``,
+    ``AutoTokenizer`` formats it for a debug log line (formatted even when not shown), and
+    that builds transformers' default ``Qwen2_5OmniTalkerConfig``, whose own special-token
+    ids (151647-151861) lie outside its own default vocabulary (8448): seven warnings about
+    a config no checkpoint uses, the published 7B's load included."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniConfig
+
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    for key in ("model_type", "transformers_version"):
+        cfg.pop(key, None)
+    cfg["name_or_path"] = str(path)  # as AutoConfig sets it
+    try:
+        config = Qwen2_5OmniConfig(**cfg)
+    except (TypeError, ValueError):  # a config this release cannot build: AutoConfig's turn
+        return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, config=config)
 
 
 def _processor_class_pil_video() -> Any:

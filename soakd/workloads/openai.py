@@ -37,11 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import cv2
 import numpy as np
+from httpx_sse import EventSource
 
 from soakd.config import OpenAIWorkloadSettings
 from soakd.records import Frame, StageOutput
 from soakd.workloads.base import RunAbort, WorkloadContext, WorkloadError
+from soakd.workloads.hf import resize_short_side
 
 #: how often setup asks a server that is not ready yet
 READY_POLL_S = 0.25
@@ -218,12 +221,8 @@ class OpenAIStaged:
     # --- the stages
     def preprocess(self, frame: Frame) -> tuple[int, bytes]:
         """The frame as a JPEG data URL in its stream's clip, and the request body."""
-        import cv2
-
         img = frame.image
         if self.s.short_side is not None:
-            from soakd.workloads.hf import resize_short_side
-
             img = resize_short_side(img, self.s.short_side)
         ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, self.s.jpeg_quality])
         if not ok:
@@ -289,12 +288,9 @@ class OpenAIStaged:
             raise
 
     def _first_token(self, r: Any) -> Pending:
-        from httpx_sse import EventSource, SSEError
-
-        try:
-            events = EventSource(r).iter_sse()
-        except SSEError as exc:
-            raise RequestFailed("protocol", str(exc), r.status_code) from None
+        # a reply that is not an event stream raises httpx_sse.SSEError, an httpx error:
+        # _send records it as a "protocol" failure
+        events = EventSource(r).iter_sse()
         pending = Pending(r, events, 0.0, chunks=0)
         for text, _usage in _deltas(events, pending):
             if text:

@@ -11,7 +11,20 @@ thread, ``session.poll_output(timeout)``; ``workload.questions`` go in with
 ``session.push_prompt(text)``.
 
 What soakd can truly see is recorded (push time, drops, pending frames, outputs and when they
-arrive); the stages the model hides (preprocess, infer, decode) are unknown and stored as NULL.
+arrive), and the stages soakd itself hands the session (``StageTrace``): the processor soakd
+passes to ``create_realtime_session`` is wrapped (``TimedProcessor``) so its call is ``pre``
+and its tokenizer's ``decode`` is ``decode``, and the model's forward (one step of the
+realtime loop: ``_real_time_sample`` calls ``self(**inputs)``) is timed by torch forward hooks
+(``infer``; on CUDA the hook synchronises first). A frame's stages are the processor call that
+took it and the steps and detokenisations up to the model's first output after it. Nothing of
+the authors' code is changed. A model without a torch module to hook has them NULL.
+
+**Outputs the loop inserts.** The same trace tells model outputs (the text the last
+detokenisation made) from items the loop puts itself: ``<|round_start|>`` when a question
+arrives, and the ``<|silence|>`` MOSS-VL-Realtime adds when a question and frames arrive
+together (their ``_update_model_kwargs_for_real_time_generation``). soakd swaps the session's
+``_output_queue`` for a ``queue.Queue`` subclass that tags each item as it is put; inserted
+ones come back with ``SessionOutput.inserted`` and are never a frame's answer nor silence.
 
 **When the model takes a frame.** The real session gives no signal of it: its generation
 thread drains ``session._frame_queue`` (a ``queue.Queue``) with ``get_nowait()`` after every
@@ -36,19 +49,23 @@ used, so the whole path runs offline. Checkpoint problems (a path that does not 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import queue
 import re
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from soakd.config import SessionWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import (
     Consumed,
+    FrameStages,
     PushResult,
     SessionFailed,
     SessionOutput,
@@ -59,6 +76,8 @@ from soakd.workloads.tiny_session import TinyRealtimeModel
 
 SILENCE_TOKEN = "<|silence|>"
 _CONTROL_RE = re.compile(r"<\|[^|<>]*\|>")
+#: frames the stage trace holds while it waits for a processor call or a model output
+MAX_TRACKED = 4096
 
 
 def classify_chunk(text: str) -> Literal["text", "silence", "control"]:
@@ -133,6 +152,23 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
+def attention_backend(settings: SessionWorkloadSettings) -> str | None:
+    """``attn_implementation`` as loaded: ``"auto"`` resolves as the authors' runner does
+    (``device_utils.resolve_attn_impl``): ``flash_attention_2`` on CUDA, else ``eager``;
+    flash_attention_2 without the flash_attn package is a WorkloadError naming the fix."""
+    name = settings.attn_implementation
+    if name == "auto":
+        name = "flash_attention_2" if settings.device.startswith("cuda") else "eager"
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        how = "'auto' on CUDA means" if settings.attn_implementation == "auto" else "needs"
+        raise WorkloadError(
+            f"workload.attn_implementation: {how} flash_attention_2 (the authors' runner's "
+            "choice) but flash_attn is not installed; install flash-attn or set "
+            "workload.attn_implementation = 'sdpa'"
+        )
+    return name
+
+
 def load_realtime_model(settings: SessionWorkloadSettings, ctx: WorkloadContext) -> tuple[Any, Any]:
     """Load model and processor from ``settings.model_path`` (a local checkpoint)."""
     assert settings.model_path is not None
@@ -143,8 +179,9 @@ def load_realtime_model(settings: SessionWorkloadSettings, ctx: WorkloadContext)
         "trust_remote_code": settings.trust_remote_code,
         "dtype": _torch_dtype(settings.dtype),
     }
-    if settings.attn_implementation:
-        kwargs["attn_implementation"] = settings.attn_implementation
+    attn = attention_backend(settings)
+    if attn:
+        kwargs["attn_implementation"] = attn
     ctx.extend_timeout(600.0)
     try:
         processor = AutoProcessor.from_pretrained(
@@ -176,11 +213,12 @@ class StampedQueue(queue.Queue):  # type: ignore[type-arg]
     model's generation thread (consumed) or by the pushing thread (``push_frame`` dropping
     its oldest frame). ``expect(timestamp, frame_id)`` names the frame pushed next."""
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, on_take: Callable[[int], None] | None = None) -> None:
         super().__init__(maxsize)
         self._ids: dict[float, int] = {}
         self._pusher = threading.get_ident()
         self.taken: queue.SimpleQueue[Consumed] = queue.SimpleQueue()
+        self.on_take = on_take  # the model took this frame (``StageTrace.took``)
 
     def expect(self, timestamp: float, frame_id: int) -> None:
         with self.mutex:
@@ -195,18 +233,177 @@ class StampedQueue(queue.Queue):  # type: ignore[type-arg]
         if fid is not None:
             dropped = threading.get_ident() == self._pusher
             self.taken.put(Consumed(fid, t, dropped))
+            if not dropped and self.on_take is not None:
+                self.on_take(fid)
         return item
 
 
-def track_consumes(session: Any) -> StampedQueue | None:
+def track_consumes(
+    session: Any, on_take: Callable[[int], None] | None = None
+) -> StampedQueue | None:
     """Swap the session's empty ``_frame_queue`` (a ``queue.Queue``, as MOSS-VL-Realtime's
     is) for a ``StampedQueue`` of the same size; None when it has no such queue."""
-    q = getattr(session, "_frame_queue", None)
+    return _swap_queue(session, "_frame_queue", lambda size: StampedQueue(size, on_take))
+
+
+class StageTrace:
+    """The session loop as soakd's hooks see it: the frames the model takes, the processor
+    calls, model steps and detokenisations, and the outputs put. Every event comes from the
+    generation thread, in order; ``done`` is read by soakd's driver."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync  # waits for the device at the end of a step (CUDA)
+        self.done: queue.SimpleQueue[FrameStages] = queue.SimpleQueue()
+        self._taken: deque[int] = deque(maxlen=MAX_TRACKED)  # taken, before their processor call
+        self._open: deque[tuple[tuple[int, ...], float]] = deque(maxlen=MAX_TRACKED)
+        self._infer_ns = 0  # steps and detokenisation since the last model output
+        self._decode_ns = 0
+        self._text: str | None = None  # what the last detokenisation made, not yet put
+        self._step_t0 = 0
+        self.decodes = 0
+
+    def took(self, frame_id: int) -> None:
+        self._taken.append(frame_id)
+
+    def pre(self, dt_ns: int) -> None:
+        """A processor call: the frames taken since the last one are what it processed."""
+        if self._taken:
+            self._open.append((tuple(self._taken), dt_ns / 1e6))
+            self._taken.clear()
+
+    def step_start(self, *_: Any) -> None:
+        self._step_t0 = time.perf_counter_ns()
+
+    def step_end(self, *_: Any) -> None:
+        if self.sync is not None:
+            self.sync()
+        self._infer_ns += time.perf_counter_ns() - self._step_t0
+
+    def decoded(self, dt_ns: int, text: Any) -> None:
+        self._decode_ns += dt_ns
+        self._text = text if isinstance(text, str) else None
+        self.decodes += 1
+
+    def put(self, item: Any) -> bool:
+        """``item`` is being put on the output queue: True when it is the text the last
+        detokenisation made (a model output, which settles the frames processed before it),
+        False when the loop inserted it; True while no detokenisation was ever seen."""
+        if not self.decodes:
+            return True
+        if self._text is None or item != self._text:
+            return False
+        self._text = None
+        infer, decode = self._infer_ns / 1e6, self._decode_ns / 1e6
+        for fids, pre in self._open:
+            for fid in fids:
+                self.done.put(FrameStages(fid, pre, infer, decode))
+        self._open.clear()
+        self._infer_ns = self._decode_ns = 0
+        return True
+
+
+class TimedTokenizer:
+    """The processor's tokenizer with ``decode`` timed (the ``decode`` stage); the rest is
+    the tokenizer's own."""
+
+    def __init__(self, tokenizer: Any, trace: StageTrace) -> None:
+        self._tokenizer = tokenizer
+        self._trace = trace
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        text = self._tokenizer.decode(*args, **kwargs)
+        self._trace.decoded(time.perf_counter_ns() - t0, text)
+        return text
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
+class TimedProcessor:
+    """What soakd hands to ``create_realtime_session``: the model's processor with its call
+    timed (the ``pre`` stage) and its tokenizer a ``TimedTokenizer``; the rest is its own."""
+
+    def __init__(self, processor: Any, trace: StageTrace) -> None:
+        self._processor = processor
+        self._trace = trace
+        tok = getattr(processor, "tokenizer", None)
+        self.tokenizer = None if tok is None else TimedTokenizer(tok, trace)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        out = self._processor(*args, **kwargs)
+        self._trace.pre(time.perf_counter_ns() - t0)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._processor, name)
+
+
+class TaggedQueue(queue.Queue):  # type: ignore[type-arg]
+    """The session's output queue: each item is tagged as it is put with whether the model
+    made it (``StageTrace.put``; False: the loop inserted it) and when (the putting thread's
+    clock); ``tags`` gets the tags of the items taken, in order."""
+
+    def __init__(self, maxsize: int, trace: StageTrace) -> None:
+        super().__init__(maxsize)
+        self.trace = trace
+        self._queued: deque[tuple[bool, int]] = deque()
+        self.tags: deque[tuple[bool, int]] = deque()
+
+    def _put(self, item: Any) -> None:  # called by put() with self.mutex held
+        self._queued.append((self.trace.put(item), time.perf_counter_ns()))
+        super()._put(item)
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self.tags.append(self._queued.popleft() if self._queued else (True, 0))
+        return item
+
+
+def track_outputs(session: Any, trace: StageTrace) -> TaggedQueue | None:
+    """Swap the session's empty ``_output_queue`` (a ``queue.Queue``) for a ``TaggedQueue``;
+    None when it has no such queue (its outputs are then all taken as the model's)."""
+    return _swap_queue(session, "_output_queue", lambda size: TaggedQueue(size, trace))
+
+
+Q = TypeVar("Q", bound=queue.Queue)  # type: ignore[type-arg]
+
+
+def _swap_queue(session: Any, name: str, make: Callable[[int], Q]) -> Q | None:
+    """Replace the session's attribute ``name``, an empty plain ``queue.Queue``, with
+    ``make(its maxsize)``; None (and nothing changed) when it is anything else."""
+    q = getattr(session, name, None)
     if type(q) is not queue.Queue or q.qsize():
         return None
-    stamped = StampedQueue(q.maxsize)
-    session._frame_queue = stamped
-    return stamped
+    swapped = make(q.maxsize)
+    setattr(session, name, swapped)
+    return swapped
+
+
+def step_module(model: Any) -> Any:
+    """The torch module whose forward is one step of the session loop: the model itself
+    (MOSS-VL-Realtime's ``_real_time_sample`` calls ``self(**inputs)``), else the model's
+    ``step_module`` attribute (the built-in tiny model); None when there is none."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return model
+    m = getattr(model, "step_module", None)
+    return m if isinstance(m, torch.nn.Module) else None
+
+
+def device_sync(device: str) -> Callable[[], None] | None:
+    """``torch.cuda.synchronize`` for a CUDA device (a step ends when its kernels do)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    dev = torch.device(device)
+    return lambda: torch.cuda.synchronize(dev)
 
 
 def downscale(rgb: Any, max_pixels: int | None) -> Any:
@@ -241,6 +438,9 @@ class RealtimeSessionWorkload:
         self.processor = processor
         self.session: Any = None
         self.stamps: StampedQueue | None = None
+        self.outputs: TaggedQueue | None = None
+        self.trace = StageTrace(device_sync(settings.device))
+        self._hooks: list[Any] = []  # torch hook handles timing the model step
         self.failure: str | None = None  # the session's death, once reported
         self._t0_ns: int | None = None
         self._prev_threads: int | None = None
@@ -310,16 +510,29 @@ class RealtimeSessionWorkload:
         return kw
 
     def start(self) -> None:
+        trace = self.trace
         try:
             self.session = self.model.create_realtime_session(
-                self.processor, **self.session_kwargs()
+                TimedProcessor(self.processor, trace), **self.session_kwargs()
             )
         except TypeError as exc:
             raise WorkloadError(
                 f"workload: create_realtime_session rejected the settings: {exc}"
             ) from exc
-        self.stamps = track_consumes(self.session)
+        self.stamps = track_consumes(self.session, trace.took)
+        self.outputs = track_outputs(self.session, trace)
+        module = step_module(self.model)
+        if module is not None and self.stamps is not None:
+            self._hooks = [
+                module.register_forward_pre_hook(trace.step_start),
+                module.register_forward_hook(trace.step_end),
+            ]
         self.session.start()
+
+    @property
+    def stages_timed(self) -> bool:
+        """pre / infer / decode are timed per frame (a torch step module and a frame queue)."""
+        return bool(self._hooks)
 
     def close(self) -> None:
         """Close the session (its error, if its thread died, is re-raised by ``close()``:
@@ -332,6 +545,9 @@ class RealtimeSessionWorkload:
             if self.failure is None:  # not already the reason the run ended
                 raise SessionFailed(f"session close failed: {failure_text(exc)}") from exc
         finally:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
             if self._prev_threads is not None:
                 import torch
 
@@ -339,7 +555,10 @@ class RealtimeSessionWorkload:
                 self._prev_threads = None
 
     def describe(self) -> dict[str, Any]:
-        s = self.s
+        s, tiny = self.s, self.s.model_path is None
+        # described before start(): what the hooks will time (the summary says what they did)
+        hookable = self.model is not None and step_module(self.model) is not None
+        timed = ["pre", "infer", "decode"] if hookable else []
         return {
             "model": s.model_path or "tiny-realtime (built-in, random weights)",
             "model_class": type(self.model).__name__ if self.model is not None else None,
@@ -351,10 +570,12 @@ class RealtimeSessionWorkload:
             "do_sample": s.do_sample,
             "generate_kwargs": dict(s.generate_kwargs),
             "device": s.device,
-            "dtype": s.dtype,
-            "attn_implementation": s.attn_implementation,
+            "dtype": "float32 (built-in)" if tiny else s.dtype,
+            "attn_implementation": None if tiny else attention_backend(s),
+            "attn_implementation_setting": s.attn_implementation,
             "trust_remote_code": s.trust_remote_code,
-            "hidden_stages": ["pre", "infer", "decode"],
+            "timed_stages": timed,
+            "hidden_stages": [st for st in ("pre", "infer", "decode") if st not in timed],
             "silence_threshold": s.silence_threshold if s.model_path is None else None,
             "torch_threads": s.torch_threads or (1 if self._prev_threads is not None else None),
             "max_pixels": s.max_pixels,
@@ -414,7 +635,29 @@ class RealtimeSessionWorkload:
             raise SessionFailed(self.failure) from exc
         chunks = _chunks(raw)
         now = time.perf_counter_ns()
-        return [SessionOutput(text=c, kind=classify_chunk(c), t_ns=now) for c in chunks]
+        tags = self._tags(len(chunks))
+        return [
+            SessionOutput(c, classify_chunk(c), now, inserted=not m, t_made_ns=t or None)
+            for c, (m, t) in zip(chunks, tags, strict=True)
+        ]
+
+    def _tags(self, n: int) -> list[tuple[bool, int]]:
+        """(made by the model, put at) of the last ``n`` items taken from the output queue
+        (made, unknown time when they cannot be told apart)."""
+        tags = self.outputs.tags if self.outputs is not None else deque()
+        got = [tags.popleft() for _ in range(len(tags))]
+        return got if len(got) == n else [(True, 0)] * n
+
+    def stages(self) -> list[FrameStages] | None:
+        """The stages of frames the model answered since the last call (processor call,
+        model steps and detokenisation up to its first output); None when not timed."""
+        if not self.stages_timed:
+            return None
+        out: list[FrameStages] = []
+        done = self.trace.done
+        while not done.empty():
+            out.append(done.get_nowait())
+        return out
 
     def consumed(self) -> list[Consumed] | None:
         """Frames the model took (or the session dropped) since the last call; None when
@@ -436,4 +679,5 @@ def build(settings: SessionWorkloadSettings, ctx: WorkloadContext) -> RealtimeSe
     """The session workload; checkpoint problems are raised here, before anything loads."""
     if settings.model_path is not None:
         check_checkpoint(settings.model_path, settings.trust_remote_code)
+        attention_backend(settings)
     return RealtimeSessionWorkload(settings, ctx)

@@ -37,7 +37,7 @@ from typing import Any
 from soakd.workloads.base import WorkloadError
 
 TINY_ARCHS: tuple[str, ...] = ("llava", "qwen2-vl", "qwen2.5-omni")
-BUILD_VERSION = 2  # bump when a builder changes, so stale caches are not reused
+BUILD_VERSION = 3  # bump when a builder changes, so stale caches are not reused
 MARKER = ".complete"
 
 _TEXT = {

@@ -23,8 +23,11 @@ Unlike the real model it answers **one chunk per turn**, not one per token, and
 ``max_tokens_per_turn`` is its per-turn token budget, not the real session's tokens-per-second
 rate cap; ``generate_kwargs`` other than ``max_new_tokens`` and ``do_sample`` are ignored.
 
-Each turn the thread takes the oldest pending frame, embeds it (a 4x4 grid of patches through a
-fixed random projection) after the prompt and the recent answer history, and runs the LM on it.
+Each turn the thread takes the oldest pending frame, runs the processor on it (``processor(image)``:
+patches and a thumbnail), embeds it (a 4x4 grid of patches through a fixed random projection)
+after the prompt and the recent answer history, runs the LM on it (``step_module``: the torch
+module whose forward is one step, which soakd times) and detokenises the answer with
+``processor.tokenizer.decode``, as the real loop calls its processor, model and tokenizer.
 When the frame barely differs from the previous one (mean absolute difference of 16x16 grey
 thumbnails below ``silence_threshold``, in 0-255 units) the model only prefills and answers
 ``<|silence|>``, as the real model does when the visual evidence has not changed; otherwise it
@@ -68,6 +71,11 @@ class TinyProcessor:
 
     def __init__(self) -> None:
         self.tokenizer = ByteTokenizer()
+
+    def __call__(self, images: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``frame_arrays`` of one image or of each in a list (the processor call)."""
+        batch = images if isinstance(images, list) else [images]
+        return [self.frame_arrays(image) for image in batch]
 
     def frame_arrays(self, image: Any) -> tuple[np.ndarray, np.ndarray]:
         import cv2
@@ -188,7 +196,7 @@ class TinyRealtimeSession:
         self.max_new_tokens = max_new_tokens
         self.silence_threshold = silence_threshold
         self._frame_queue: queue.Queue[tuple[Any, float]] = queue.Queue(frame_queue_size)
-        self._out: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._output_queue: queue.Queue[str] = queue.Queue()
         self._history: collections.deque[int] = collections.deque(maxlen=max_new_tokens)
         self._prev_grey: np.ndarray | None = None
         self._closed = threading.Event()
@@ -240,7 +248,8 @@ class TinyRealtimeSession:
 
     def poll_output(self, timeout: float = 0.0) -> str | None:
         try:
-            return self._out.get(timeout=timeout) if timeout else self._out.get_nowait()
+            out = self._output_queue
+            return out.get(timeout=timeout) if timeout else out.get_nowait()
         except queue.Empty:
             if self.error is not None:
                 raise RuntimeError("tiny realtime generation failed") from self.error
@@ -268,26 +277,27 @@ class TinyRealtimeSession:
     def _loop(self) -> None:
         try:
             while (item := self._next_frame()) is not None:
-                self._out.put(self.turn(item[0]))
+                self._output_queue.put(self.turn(item[0]))
                 self.turns += 1
         except BaseException as exc:  # kept for the caller; the session stops answering
             self.error = exc
 
     def turn(self, image: Any) -> str:
         """Run one turn on ``image``: ``<|silence|>`` or up to max_tokens_per_turn chars."""
-        patches, grey = self.processor.frame_arrays(image)
+        ((patches, grey),) = self.processor(image)
         changed = (
             self._prev_grey is None
             or float(np.abs(grey - self._prev_grey).mean()) >= self.silence_threshold
         )
         self._prev_grey = grey
         embeds = self.lm.embed([*self.prompt_ids, *self._history], patches)
+        tokenizer = self.processor.tokenizer
         if not changed:
             self.lm.prefill(embeds)
-            return SILENCE
+            return str(tokenizer.decode([_SILENCE_ID]))
         ids = self.lm.generate(embeds, self.max_tokens_per_turn)
         self._history.extend(ids)
-        return self.processor.tokenizer.decode(ids)
+        return str(tokenizer.decode(ids))
 
 
 class TinyRealtimeModel:
@@ -297,6 +307,11 @@ class TinyRealtimeModel:
         self.lm = TinyLM(seed, device)
         self.silence_threshold = silence_threshold
         self.processor = TinyProcessor()
+
+    @property
+    def step_module(self) -> Any:
+        """The torch module whose forward is one model step (what soakd times as infer)."""
+        return self.lm.lm
 
     def create_realtime_session(
         self,

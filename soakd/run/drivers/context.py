@@ -32,6 +32,10 @@ class Counters:
     last_done_ns: int = 0
     stale_by: dict[int, int] = field(default_factory=dict)  # stream -> stale frames
 
+    def in_flight_streams(self) -> set[int]:
+        """The stream with a frame in the workload now (none, or one)."""
+        return set() if self.in_flight_since_ns is None else {self.in_flight_stream}
+
     def skip(self, stream: int) -> None:
         """Count a frame of ``stream`` skipped as stale."""
         self.stale += 1
@@ -154,6 +158,12 @@ class DriverContext(Generic[W]):
                 yield got
             elif self.queue.closed:
                 return
+
+    def first_done(self, t_ns: int) -> None:
+        """The driver's first frame finished at ``t_ns``: the warm-up lasts at least until
+        then, so every frame captured while it was in flight (a compile, a cache fill) is a
+        warm-up frame however short ``run.warmup_s`` is."""
+        self.warmup_end_ns = max(self.warmup_end_ns, t_ns)
 
     def budget_spent(self) -> bool:
         """The frame budget (``max_frames``, profiles) is used up."""

@@ -86,6 +86,9 @@ class EmitStats:
         self.rows_key = rows_key
         self.first_emit: deque[float] = deque(maxlen=SUMMARY_WINDOW)
         self.intervals: deque[tuple[float, int]] = deque(maxlen=SUMMARY_WINDOW)  # (ms, chunk)
+        # presentation: an emit's first frame the whole gap since the emit before, the
+        # rest of the emit 0 (shown at once)
+        self.presentation: deque[float] = deque(maxlen=SUMMARY_WINDOW)
         self.rows = 0
         self.emitted = 0
         self.interval_max: float | None = None
@@ -98,9 +101,13 @@ class EmitStats:
             return
         if rec.first_emit_ms is not None:
             self.first_emit.append(rec.first_emit_ms)
+        shown = -1
         for e in em.rows:
             if e.interval_ms is not None:
                 self.intervals.append((e.interval_ms, e.chunk))
+                first = e.chunk != shown
+                self.presentation.append(e.interval_ms * e.chunk_frames if first else 0.0)
+                shown = e.chunk
                 if self.interval_max is None or e.interval_ms > self.interval_max:
                     self.interval_max = e.interval_ms
 
@@ -111,6 +118,7 @@ class EmitStats:
             "first_output_ms": self.first_output_ms,
             "first_emit_ms": pcts(list(self.first_emit)),
             "interval_ms": pcts([v for v, _ in self.intervals]),
+            "presentation_ms": pcts(list(self.presentation)),
         }
         out["interval_ms"]["max"] = self.interval_max
         p95 = out["interval_ms"]["p95"]

@@ -140,6 +140,7 @@ class _GeneratorDriver:
         )
         if self.first:
             self.stats.first_output_ms = req.first_emit_ms
+            ctx.first_done(t_done)
         self.first = False
         for e in req.rows:
             ctx.emit(e)

@@ -20,6 +20,13 @@ Its named stages are ``chunk_stages`` rows; its frames ``emissions`` rows
 emission has none, and its latency from the ``rollout()`` call is the run's first output
 (``first_output_ms`` in the summary). The worker records the chunks as they end.
 
+The summary gets the ``EmitStats`` figures (``interval_ms``, the per-frame average, and
+``presentation_ms``: frames as they become visible), ``interval_judged_on``
+(``criteria.generator_interval``) and, when the workload counts them (an ``episodes``
+int), ``rollout_episodes``: how many episodes the run was cut into. Each message of the
+workload's ``setup_warnings`` (a stage its first episode never timed, allowed) is a
+``missing_stage`` event at the rollout's start.
+
 How a rollout ends: when ``next_condition`` returned None, normally; with an exception, the
 run aborted with it as the reason ("rollout raised T: message", so INVALID), the chunk in
 flight stored with the error; returning while the run was not ending, aborted ("rollout
@@ -182,6 +189,8 @@ class _Session:
             ctx.emit(e)
         for name, ms in chunk.stages.items():
             ctx.emit(ChunkStage(frame.id, name, ms))
+        if chunk.cond.index == 0:
+            ctx.first_done(t_end)
         ctx.sink.add(rec)
         self.stats.add(em, rec)
         c.in_flight_since_ns = None
@@ -231,6 +240,8 @@ class _RolloutDriver:
         self.worker = _Worker(ctx, self.session)
 
     def run(self) -> None:
+        for msg in getattr(self.ctx.workload, "setup_warnings", ()) or ():
+            self.ctx.event(self.ctx.make_event("missing_stage", str(msg)))
         self.worker.thread.start()
         clock = self.ctx.clock
         while not self.worker.done.wait(0.05):
@@ -268,7 +279,12 @@ class _RolloutDriver:
     def finish(self) -> None:
         self.session.close()
         self.ctx.counters.in_flight_since_ns = None
-        self.ctx.summary.update(self.session.stats.summary())
+        summary = self.ctx.summary
+        summary.update(self.session.stats.summary())
+        summary["interval_judged_on"] = self.ctx.settings.criteria.generator_interval
+        episodes = getattr(self.ctx.workload, "episodes", None)
+        if isinstance(episodes, int):
+            summary["rollout_episodes"] = episodes
 
 
 def drive(ctx: DriverContext[RolloutWorkload]) -> None:

@@ -13,8 +13,22 @@ time, so ``e2e_ms`` = output - scheduled capture). While the model keeps talking
 is just its next token, so a workload with ``consumed()`` (the built-in one, over a
 ``queue.Queue`` frame queue) also gives when the model took the frame (``t_consumed``),
 ``consume_ms`` (push -> taken) and ``consume_output_ms`` (taken -> the model's first output
-after it: the frame's own processing). The stages the model hides stay NULL. A frame's row
-is written once those are known (or, at the end of the run, without them).
+after it: the frame's own processing). A workload with ``stages()`` (the built-in one, whose
+hooks time the processor call, the model steps and the detokenisation) gives each frame it
+took ``pre_ms``, ``infer_ms`` and ``decode_ms``, so the stage table and the jitter rule
+(k x the infer median) apply to session runs; without it they stay NULL. A frame's row is
+written once those are known (or, at the end of the run, without them). Outputs the session
+loop inserted itself (``SessionOutput.inserted``: a ``<|silence|>`` added because a question
+and frames arrived together) are counted apart (``session_inserted``): never a frame's next
+output, never in the silence ratio.
+
+**Pacing baseline.** A busy-waiting generation thread holding the GIL makes soakd's own
+threads (pacer, poller, sampler) late. Before it starts the session the driver measures what
+this machine shows without the model thread: ``BASELINE_S`` (at most ``run.warmup_s``, so the
+judged window loses nothing) of ticks every ``PROBE_PERIOD_NS`` waited for with the pacer's
+own ``clock.sleep_until``, with the pacer, sampler and writer already running. Their
+lateness goes into the summary as ``pacing_baseline``; the diagnosis compares the pacer's
+lateness over the measured frames with it.
 
 ``questions`` (the workload's ``(at_s, text)`` pairs) are pushed with ``workload.ask`` at
 ``at_s`` seconds after the driver starts; each one's answer latency is the time to the first
@@ -38,14 +52,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from soakd.records import Frame, FrameRecord
 from soakd.run.drivers.context import DriverContext
-from soakd.workloads.base import Consumed, SessionFailed, SessionWorkload
+from soakd.workloads.base import Consumed, FrameStages, SessionFailed, SessionWorkload
 
 #: frames awaiting an output beyond this are written without one (bounded memory)
 MAX_AWAITING = 4096
 #: the latest outputs' times kept to match a consume reported after them
 RECENT_OUTPUTS = 1024
+#: the pacing baseline: this long (at most run.warmup_s) of ticks this far apart
+BASELINE_S = 0.5
+PROBE_PERIOD_NS = 10_000_000
+MIN_BASELINE_TICKS = 10
 
 
 def workload_setting(ctx: DriverContext[Any], name: str, default: float) -> float:
@@ -153,9 +173,13 @@ class _SessionDriver:
         self.timeout_ns = int(response_timeout_s(ctx) * 1e9)
         self.awaiting: deque[_Awaiting] = deque()
         self.by_id: dict[int, _Awaiting] = {}
-        self.recent: deque[int] = deque(maxlen=RECENT_OUTPUTS)  # times of the latest outputs
+        # the latest outputs: when the session made each (put it; else when soakd got it)
+        # and when soakd got it
+        self.recent: deque[int] = deque(maxlen=RECENT_OUTPUTS)
+        self.recent_got: deque[int] = deque(maxlen=RECENT_OUTPUTS)
         self.last_output_ns: int | None = None
         self.outputs = {"text": 0, "silence": 0, "control": 0}
+        self.inserted = {"text": 0, "silence": 0, "control": 0}  # put by the loop itself
         self.session_dropped = 0
         self.pending_max = 0
         self.pushed = 0
@@ -164,6 +188,9 @@ class _SessionDriver:
         self.sample_output: str | None = None
         fn = getattr(wl, "consumed", None)
         self.consumed_fn = fn if callable(fn) and fn() is not None else None
+        fn = getattr(wl, "stages", None)
+        self.stages_fn = fn if callable(fn) and fn() is not None else None
+        self.staged = 0
         asks = [_Question(float(at), str(text)) for at, text in getattr(wl, "questions", ())]
         self.questions = _Questions(deque(asks))
         self.t_start_ns = ctx.clock.now_ns()
@@ -176,12 +203,16 @@ class _SessionDriver:
 
     def finish(self, a: _Awaiting) -> None:
         self.by_id.pop(a.rec.frame_id, None)
+        if not a.rec.warmup and a.capture_ns < self.ctx.warmup_end_ns:
+            a.rec = a.rec._replace(warmup=True)  # pushed while the first frame was in flight
         self.ctx.counters.done += 1
         self.ctx.sink.add(a.rec)
 
     def _answer(self, a: _Awaiting, t_out: int, kind: str) -> None:
         """The next output after the push: what ``output_latency_ms`` and ``t_done`` time."""
         a.answered = True
+        if a.rec.first:
+            self.ctx.first_done(t_out)
         a.rec = a.rec._replace(
             t_done=self.ctx.s(t_out),
             output_kind=kind,
@@ -214,7 +245,18 @@ class _SessionDriver:
             except queue.Empty:
                 break
             self._take(t_out, outputs)
+        # after the outputs: a frame's stages are recorded before the output that settles it
+        if self.stages_fn is not None:
+            for st in self.stages_fn() or ():
+                self._stages(st)
         self._flush()
+
+    def _stages(self, st: FrameStages) -> None:
+        a = self.by_id.get(st.frame_id)
+        if a is None:
+            return
+        self.staged += 1
+        a.rec = a.rec._replace(pre_ms=st.pre_ms, infer_ms=st.infer_ms, decode_ms=st.decode_ms)
 
     def _consume(self, c: Consumed) -> None:
         a = self.by_id.get(c.frame_id)
@@ -226,29 +268,38 @@ class _SessionDriver:
         self.consumed += 1
         a.consumed_ns = c.t_ns
         a.rec = a.rec._replace(t_consumed=self.ctx.s(c.t_ns), consume_ms=(c.t_ns - a.push_ns) / 1e6)
-        k = bisect_left(self.recent, c.t_ns)  # an output already taken that came after it
+        k = bisect_left(self.recent, c.t_ns)  # an output already taken, made after it
         if k < len(self.recent):
-            self._settle(a, self.recent[k])
+            self._settle(a, self.recent_got[k])
 
     def _take(self, t_out: int, outputs: list[Any]) -> None:
+        """Outputs soakd got at ``t_out``: each answers the pushes, and settles the takes,
+        made before it (by when the session put it, when known: soakd may get an output
+        after a take that followed it); latencies are to ``t_out``."""
         kind: str | None = None
+        made = t_out
         for o in outputs:
             k = o.kind if o.kind in self.outputs else "control"
+            if getattr(o, "inserted", False):  # the loop's own, not the model's: no answer
+                self.inserted[k] += 1
+                continue
             self.outputs[k] += 1
             if k == "text":
                 self._answers(t_out, str(o.text))
             if kind is None and k != "control":
                 kind = k
+                made = min(t_out, getattr(o, "t_made_ns", None) or t_out)
                 if k == "text" and self.sample_output is None:
                     self.sample_output = str(o.text)[:500]
         self.last_output_ns = t_out
         if kind is None:
             return
-        self.recent.append(t_out)
+        self.recent.append(made)
+        self.recent_got.append(t_out)
         for a in self.awaiting:
-            if not a.answered and a.push_ns <= t_out:
+            if not a.answered and a.push_ns <= made:
                 self._answer(a, t_out, kind)
-            if not a.settled and a.consumed_ns is not None and a.consumed_ns <= t_out:
+            if not a.settled and a.consumed_ns is not None and a.consumed_ns <= made:
                 self._settle(a, t_out)
 
     # --- questions
@@ -337,6 +388,8 @@ class _SessionDriver:
                 "session_dropped": self.session_dropped,
                 "session_pending_max": self.pending_max,
                 "session_consumed": self.consumed if self.consumed_fn is not None else None,
+                "session_inserted": dict(self.inserted),
+                "session_staged": self.staged if self.stages_fn is not None else None,
             }
         )
         if self.questions.done or self.questions.todo:
@@ -389,7 +442,40 @@ def _step(ctx: DriverContext[SessionWorkload], d: _SessionDriver, poller: _Polle
     return pushing or bool(d.awaiting)  # budget spent: wait until every frame is answered
 
 
+def pacing_baseline(ctx: DriverContext[Any]) -> dict[str, Any] | None:
+    """Lateness of ticks waited for with the pacer's ``clock.sleep_until``, every
+    ``PROBE_PERIOD_NS`` for ``BASELINE_S`` (at most ``run.warmup_s``), before the model
+    thread starts: what this machine shows without it. None for an unpaced run; no
+    ``p95_ms`` when the warm-up is too short for ``MIN_BASELINE_TICKS``."""
+    if ctx.queue is None:
+        return None
+    span_ns = int(min(BASELINE_S, float(ctx.settings.run.warmup_s)) * 1e9)
+    n = span_ns // PROBE_PERIOD_NS
+    out: dict[str, Any] = {"ticks": 0, "period_ms": PROBE_PERIOD_NS / 1e6}
+    if n < MIN_BASELINE_TICKS:
+        out["note"] = (
+            f"not measured: run.warmup_s < {MIN_BASELINE_TICKS * PROBE_PERIOD_NS / 1e9:g} s"
+        )
+        return out
+    clock, late = ctx.clock, []
+    t = clock.now_ns()
+    for k in range(1, n + 1):
+        deadline = t + k * PROBE_PERIOD_NS
+        if not clock.sleep_until(deadline, ctx.stop):
+            break
+        late.append((clock.now_ns() - deadline) / 1e6)
+    if len(late) < MIN_BASELINE_TICKS:
+        return out
+    y = np.asarray(late)
+    p50, p95, p99 = (round(float(v), 4) for v in np.percentile(y, (50, 95, 99)))
+    return out | {"ticks": y.size, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99,
+                  "max_ms": round(float(y.max()), 4)}  # fmt: skip
+
+
 def drive(ctx: DriverContext[SessionWorkload]) -> None:
+    baseline = pacing_baseline(ctx)
+    if baseline is not None:
+        ctx.summary["pacing_baseline"] = baseline
     if not _start(ctx):
         return
     d = _SessionDriver(ctx)

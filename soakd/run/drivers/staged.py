@@ -1,5 +1,6 @@
 """The staged driver: preprocess -> infer -> decode, each timed on the monotonic clock and,
-on CUDA, ended after ``workload.sync()``."""
+on CUDA, ended after ``workload.sync()``, or with ``workload.timing = "events"`` timed by
+CUDA events recorded between the stages (run/drivers/timing.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from soakd.records import Frame, StageOutput
 from soakd.run.drivers.context import DriverContext
+from soakd.run.drivers.timing import stage_events
 from soakd.run.sink import StagedFrame
 from soakd.workloads.base import RunAbort, StagedWorkload
 
@@ -90,14 +92,17 @@ def _failed(
 
 
 def drive(ctx: DriverContext[StagedWorkload]) -> None:
-    """preprocess -> infer -> decode for each frame, each stage ended after ``sync()``.
+    """preprocess -> infer -> decode for each frame, each stage ended after ``sync()`` or,
+    with CUDA events (``ev``), marked by an event and read once when the frame ends.
 
     The loop is the harness's per-frame cost (bench/overhead.py): it binds what it calls
     once, reads the clock four times a frame and hands the sink the frame's clock readings
     as a StagedFrame, which becomes its record with its batch (run/sink.py)."""
     c, now, sink = ctx.counters, ctx.clock.now_ns, ctx.sink
     wl = ctx.workload
-    preprocess, infer, decode, sync = wl.preprocess, wl.infer, wl.decode, wl.sync
+    preprocess, infer, decode = wl.preprocess, wl.infer, wl.decode
+    ev = stage_events(ctx)
+    end_pre, end_infer = (wl.sync, wl.sync) if ev is None else (ev.after_pre, ev.after_infer)
     max_age_ns = (ctx.settings.run.max_age_ms or 0) * 1e6
     warmup_end, max_frames, stale_by = ctx.warmup_end_ns, ctx.max_frames, c.stale_by
     drops_of = ctx.queue.drops_of if ctx.queue is not None else None
@@ -114,14 +119,19 @@ def drive(ctx: DriverContext[StagedWorkload]) -> None:
         c.in_flight_since_ns, c.in_flight_stream = t1, stream
         t2 = t3 = None
         try:
+            if ev is not None:
+                ev.begin()
             inputs = preprocess(frame)
-            sync()
+            end_pre()
             t2 = now()
             outputs = infer(inputs)
-            sync()
+            end_infer()
             t3 = now()
             out = decode(outputs)
-            t4 = now()
+            if ev is None:
+                t4 = now()
+            else:
+                t2, t3, t4 = ev.finish(t1)
         except Exception as exc:
             t4 = now()
             c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
@@ -143,6 +153,9 @@ def drive(ctx: DriverContext[StagedWorkload]) -> None:
                     ),
                 )
             )  # fmt: skip
+        if first:
+            ctx.first_done(t4)
+            warmup_end = ctx.warmup_end_ns
         first = False
         if max_frames is not None and c.done >= max_frames:  # the budget (ctx.budget_spent)
             return
