@@ -96,6 +96,13 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
             "SELECT server_rss_bytes FROM samples ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         n_ok = conn.execute("SELECT count(*) FROM frames WHERE error IS NULL").fetchone()[0]
+        # requests whose text came in two or more pieces: the server's streamer sends text
+        # at word boundaries, so a greedy answer of the random-weight model without a space
+        # (it differs with the CPU's float kernels) comes whole, with no inter-token interval
+        (with_itl,) = conn.execute(
+            "SELECT count(*) FROM measured_frames WHERE error IS NULL"
+            " AND json_extract(extra, '$.itl_p50_ms') IS NOT NULL"
+        ).fetchone()
     assert n_ok >= 25
     # usage tokens recorded, max_tokens honoured (random weights may emit the end token early)
     assert 8 in tokens and tokens <= set(range(1, 9)), tokens
@@ -104,7 +111,10 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
     md = run_cli("report", run_id, "--db", str(db), "-f", "md", env=subprocess_env)
     assert md.returncode == 0, md.stderr
     rows = {line.split("|")[1].strip(): line for line in md.stdout.splitlines() if "|" in line}
-    for label in ("time to first token", "inter-token p50 (per request)",
-                  "inter-token p95 (per request)"):  # fmt: skip
-        assert label in rows, label
+    assert "time to first token" in rows
+    for label in ("inter-token p50 (per request)", "inter-token p95 (per request)"):
+        if with_itl >= 2:
+            assert label in rows, label
+        elif with_itl == 0:
+            assert label not in rows, label  # no row without a measured interval
     assert "| memory_server_rss |" in md.stdout

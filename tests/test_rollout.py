@@ -223,7 +223,7 @@ def test_content_fps_fails_when_the_interval_p95_is_too_slow_and_passes_when_fas
     assert (fail.status, ok.status, unset.status) == ("fail", "pass", "n/a")
     assert fail.value is not None and 1000 / 60 < fail.value <= 1000 / 8
     assert fail.threshold == pytest.approx(1000 / 60)
-    assert v60.failed == [fail]
+    assert fail in v60.failed  # what else a loaded host fails (drops, jitter) is not the point
     assert fail.evidence["basis"] == "per_frame"
 
 

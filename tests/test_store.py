@@ -34,6 +34,33 @@ def test_migrations_are_recorded_and_idempotent(db_path: Path) -> None:
     assert {"run_summary", "frames_per_second", "samples_per_second", "measured_frames"} <= views
 
 
+_OPEN_AT = """
+import sys, time
+from soakd.store import db
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+db.connect(sys.argv[1]).close()
+"""
+
+
+def test_processes_opening_one_new_file_at_once_each_get_the_schema_once(db_path: Path) -> None:
+    """Four soakd processes opening one new database at the same instant all succeed, and
+    each migration is applied and recorded once (no 'table runs already exists')."""
+    at = str(time.time() + 2.0)  # after every interpreter has imported soakd
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AT, str(db_path), at],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    with sqlite3.connect(db_path) as conn:
+        names = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name")]
+    assert names == [m[0] for m in MIGRATIONS]
+
+
 def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
     """Rows put into the writer are visible to another connection within a flush interval,
     before the writer is closed (a crash loses at most that)."""

@@ -239,6 +239,20 @@ def is_readonly(conn: sqlite3.Connection) -> bool:
     return bool(conn.execute("PRAGMA query_only").fetchone()[0])
 
 
+def _wal(conn: sqlite3.Connection) -> str:
+    """Switch to WAL mode; returns the mode now set. The switch needs the file to itself and
+    SQLite answers "locked" at once, without the busy handler, while another process opens
+    the same new file: it is tried again until the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if not is_locked(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def connect(
     path: str | Path, *, readonly: bool = False, mark_orphans: bool = True
 ) -> sqlite3.Connection:
@@ -269,7 +283,7 @@ def connect(
         )
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         _check_schema(conn, p)
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = _wal(conn)
         if mode.lower() != "wal":
             raise StoreError(f"{p}: cannot switch the run database to WAL mode (got {mode})")
         conn.execute("PRAGMA synchronous=NORMAL")

@@ -459,19 +459,49 @@ def check_columns(conn: sqlite3.Connection, done: set[str], schema: str = "main"
 
 def migrate(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations; returns the names applied. Refuses (NewerSchemaError) a
-    database written by a newer soakd before changing anything."""
-    done = check_schema(conn)
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
-    )
-    applied = []
-    for name, script in MIGRATIONS:
-        if name in done:
-            continue
-        # executescript commits first; wrap the script in its own transaction
-        conn.executescript(
-            "BEGIN IMMEDIATE;\n" + script + f"\nINSERT INTO _migrations VALUES ('{name}', "
-            f"'{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}');\nCOMMIT;"
+    database written by a newer soakd before changing anything. Two soakd processes that
+    open one new file at once apply each migration once: the pending ones are read again
+    and applied under the write lock (``BEGIN IMMEDIATE``), so the second waits and finds
+    them done."""
+    if not _pending(check_schema(conn)):
+        return []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        pending = _pending(check_schema(conn))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations"
+            " (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
-        applied.append(name)
-    return applied
+        for name, script in pending:
+            for statement in _statements(script):
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO _migrations VALUES (?, ?)",
+                (name, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return [name for name, _ in pending]
+
+
+def _pending(done: set[str]) -> list[tuple[str, str]]:
+    return [(name, script) for name, script in MIGRATIONS if name not in done]
+
+
+def _statements(script: str) -> list[str]:
+    """A migration script cut into its statements (``sqlite3.complete_statement`` knows a
+    trigger's ``BEGIN ... END``), to run inside one transaction, which ``executescript``
+    cannot: it commits first."""
+    out: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip() and not re.fullmatch(r"(\s|--[^\n]*)*", buf):
+        raise ValueError(f"an incomplete statement at the end of a migration: {buf[:60]!r}")
+    return out
