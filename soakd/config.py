@@ -287,6 +287,7 @@ class SyntheticWorkload(_Section):
     infer_ms: float = Field(20.0, ge=0)
     decode_ms: float = Field(2.0, ge=0)
     jitter: float = Field(0.05, ge=0, le=5)
+    cpu_bound: bool = False  # stage times spun as this thread's CPU time instead of slept
     spike_every: int = Field(0, ge=0)
     spike_ms: float = Field(0.0, ge=0)
     drift_ms_per_min: float = 0.0

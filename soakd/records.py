@@ -220,6 +220,13 @@ SAMPLE_FIELDS: tuple[str, ...] = (
     "server_cpu_pct",
     "server_cgroup_mem_bytes",  # the unit's cgroup memory.current (telemetry.server_unit)
     "server_gpu_mem_bytes",  # NVML: GPU memory of the server's processes
+    # the host, every process on it (soakd.telemetry.probes.ProcessProbe): CPU busy and
+    # stolen (% of all CPUs since the previous tick), the 1-minute load average and the
+    # run queue (Linux /proc/stat procs_running, the sampler's own thread included)
+    "host_cpu_pct",
+    "host_steal_pct",
+    "host_load1",
+    "host_run_queue",
 )
 
 
@@ -238,4 +245,7 @@ SAMPLE_METRICS: tuple[str, ...] = (
     "server_cpu_pct",
     "server_cgroup_mem_bytes",
     "server_gpu_mem_bytes",
+    "host_cpu_pct",
+    "host_steal_pct",
+    "host_run_queue",
 )

@@ -3,14 +3,25 @@ ticks (source, machine, model), and what infer spikes coincide with."""
 
 from __future__ import annotations
 
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from soakd.analysis import RunData, judge
 from soakd.config import CriteriaSettings
 
+from .conftest import SYNTH_CLI, soakd_cmd
 from .test_verdict import MIB, planted
+
+NCPU = os.cpu_count() or 1
 
 CRIT = CriteriaSettings()
 
@@ -103,3 +114,87 @@ def test_spikes_at_allocator_releases_are_called_memory_pressure() -> None:
     v = judge(planted(rss=rss, infer=spikes), CRIT)
     assert v.get("jitter").status == "fail"  # type: ignore[union-attr]
     assert any("memory pressure" in h for h in v.hints), v.hints
+
+
+def _host_loaded_at_spikes(host_at_spikes: float, steal: float = 0.0) -> list[str]:
+    """Random infer spikes; the host's CPU (every process on it) at ``host_at_spikes`` % in
+    the ticks covering them and 15 % elsewhere; soakd's own CPU 50 % of one of 2 CPUs. The
+    hints."""
+    rng = np.random.default_rng(3)
+    t = np.arange(0, 600, 1 / 30)
+    hits = np.sort(rng.choice(t.size, 60, replace=False))
+
+    def spikes(t: np.ndarray, _rng: np.random.Generator) -> np.ndarray:
+        y = 20 * np.exp(_rng.normal(0, 0.05, t.size))
+        y[hits] *= 8
+        return y
+
+    d = planted(infer=spikes)
+    d.meta.environment = {"cpu_count": 2}
+    st = d.samples["t"]
+    near = np.zeros(st.size, bool)
+    for lag in range(4):  # the ticks in the 0.4 s from the spike's capture: it ran then
+        near[np.clip(np.searchsorted(st, t[hits]) + lag, 0, st.size - 1)] = True
+    d.samples["host_cpu_pct"] = np.where(near, host_at_spikes, 15.0)
+    d.samples["host_steal_pct"] = np.where(near, steal, 0.0)
+    d.samples["host_run_queue"] = np.where(near, 6.0, 1.0)
+    v = judge(d, CRIT)
+    assert v.get("jitter").status == "fail"  # type: ignore[union-attr]
+    return v.hints
+
+
+def test_spikes_while_other_processes_load_the_host_name_host_load_with_its_figures() -> None:
+    """Spikes in ticks where the host's CPUs are 95 % busy (70 % of them other processes',
+    soakd's own 50 % of one core being 25 % of two): the hint names host load, the share,
+    the CPU count and the run queue."""
+    hints = _host_loaded_at_spikes(95.0)
+    host = [h for h in hints if "host load" in h]
+    assert len(host) == 1, hints
+    assert "70 % of the host's 2 CPUs busy" in host[0] and "run queue 6" in host[0], host
+    assert not any("shows no cause" in h for h in hints), hints
+
+
+def test_spikes_on_a_quiet_host_do_not_blame_host_load() -> None:
+    """Spikes in ticks where other processes keep the host 40 % busy (under half of its
+    CPUs): no host-load hint; the telemetry shows no cause."""
+    hints = _host_loaded_at_spikes(40.0 + 25.0)
+    assert not any("host load" in h or "steal" in h for h in hints), hints
+    assert any("shows no cause" in h for h in hints), hints
+
+
+def test_spikes_under_cpu_steal_name_the_hypervisor() -> None:
+    """A quiet host whose hypervisor steals 12 % of the CPUs in the ticks of the spikes:
+    the hint names CPU steal with its figure."""
+    hints = _host_loaded_at_spikes(30.0, steal=12.0)
+    assert any("CPU steal" in h and "took 12 %" in h for h in hints), hints
+
+
+_HOG = "import time\nend = time.monotonic() + 2.5\nwhile time.monotonic() < end: pass"
+
+
+@pytest.mark.slow
+def test_a_jitter_fail_under_a_real_cpu_hog_names_host_load(tmp_path: Path) -> None:
+    """A real soak of a CPU-bound model (8 ms of its own CPU per infer, k = 2) with 2.5 s of
+    spinning processes, two per CPU and two more, started in its middle: jitter FAILs and
+    the printed diagnosis names host load with its figure, from the host telemetry sampled
+    beside the run."""
+    db = tmp_path / "soakd.db"
+    argv = soakd_cmd(
+        "run", "--no-live", "--db", str(db), *SYNTH_CLI, "--duration", "9", "--fps", "20",
+        "--set", "workload.cpu_bound=true", "--set", "workload.infer_ms=8",
+        "--set", "workload.pre_ms=0", "--set", "workload.decode_ms=0",
+        "--set", "workload.jitter=0.02", "--set", "criteria.jitter_k=2",
+        "--set", "run.sample_interval_ms=100",
+    )  # fmt: skip
+    soak = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.5)  # start-up and warm-up over: the hogs land in the measured window
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG]) for _ in range(2 * NCPU + 2)]
+    for h in hogs:
+        h.wait(30)
+    out, err = soak.communicate(timeout=60)
+    assert soak.returncode == 1, err[-2000:]
+    with sqlite3.connect(db) as conn:
+        jitter = conn.execute("SELECT status FROM verdicts WHERE criterion = 'jitter'").fetchone()
+    assert jitter == ("fail",), out
+    host = [line for line in out.splitlines() if "host load" in line]
+    assert host and re.search(r"kept \d+ % of the host's \d+ CPUs busy", host[0]), out

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from soakd.analysis import evaluate
@@ -320,6 +322,24 @@ def test_measured_frames_view_matches_the_verdict_of_a_real_run(tmp_path: Path) 
     (n,) = conn.execute("SELECT count(*) FROM measured_frames").fetchone()
     (summary_n,) = conn.execute("SELECT measured_frames FROM run_summary").fetchone()
     assert n == summary_n == res.verdict.window["measured_frames"] > 50
+
+
+def test_a_database_of_the_previous_schema_opened_read_only_is_judged(synthetic) -> None:
+    """A run in a database that lacks the last migration's sample columns (an older soakd
+    wrote it; a read-only open does not migrate) loads and is judged, those columns NaN."""
+    settings = synthetic("run.duration=2")
+    run_soak(settings, judge=False)
+    db = Path(settings.run.db)
+    with sqlite3.connect(db) as conn:
+        name, script = MIGRATIONS[-1]
+        for col in re.findall(r"ADD COLUMN (\w+)", script):
+            conn.execute(f"ALTER TABLE samples DROP COLUMN {col}")
+        conn.execute("DELETE FROM _migrations WHERE name = ?", (name,))
+    conn = store.connect(db, readonly=True)
+    (run_id,) = conn.execute("SELECT id FROM runs").fetchone()
+    data, verdict = evaluate(conn, run_id, settings.criteria)
+    assert verdict.status in ("PASS", "FAIL", "INVALID") and len(data.samples["t"]) > 5
+    assert np.isnan(data.sample("host_cpu_pct")).all()
 
 
 def test_writer_stores_every_record_exactly_in_any_batch_size(db_path: Path) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import pytest
 
 from soakd.clock import FakeClock, MonotonicClock
@@ -61,6 +64,34 @@ def test_process_probe_rss_rises_when_50_mb_are_touched() -> None:
     assert isinstance(total, int) and isinstance(used, int) and 0 < used < total
     assert isinstance(after["cpu_pct"], float) and after["cpu_pct"] >= 0
     assert set(after) <= set(SAMPLE_FIELDS)
+
+
+_SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
+
+
+def test_process_probe_reads_a_real_cpu_hog_as_host_load() -> None:
+    """With one spinning process per CPU and one more, host_cpu_pct reads the host as
+    (nearly) all busy, agreeing with psutil's own busy share over the same interval within
+    5 points; the run queue holds the hogs; the load average is a number."""
+    ncpu = os.cpu_count() or 1
+    hogs = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(ncpu + 1)]
+    try:
+        time.sleep(0.5)  # the hogs running
+        probe = ProcessProbe()
+        psutil.cpu_percent(None)
+        time.sleep(1.0)
+        into: Values = {}
+        probe.sample(into)
+        theirs = psutil.cpu_percent(None)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert isinstance(into["host_cpu_pct"], float) and into["host_cpu_pct"] >= 90, into
+    assert abs(into["host_cpu_pct"] - theirs) <= 5, (into, theirs)
+    assert into["host_steal_pct"] is not None and 0 <= into["host_steal_pct"] <= 100
+    assert isinstance(into["host_run_queue"], int) and into["host_run_queue"] >= ncpu, into
+    assert isinstance(into["host_load1"], float) and into["host_load1"] >= 0
 
 
 # -- Sampler ------------------------------------------------------------------------------

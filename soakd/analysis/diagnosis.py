@@ -327,10 +327,66 @@ def _jitter_hints(
             f"{ev['tail_frames']} long-tail frames fall at irregular positions: not periodic work"
         )
     if j.status == FAIL:
+        cut = float(ev["tail_cut_ms"])
+        host = host_load_hint(data, _spike_ends(data, str(ev["source"]), cut))
         others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
-        if others_flat and not ev.get("tail_periodic"):
-            hints.append(_pressure_or_contention(data, verdict, float(ev["tail_cut_ms"])))
+        if host:
+            hints.append(host)
+        elif others_flat and not ev.get("tail_periodic"):
+            hints.append(_pressure_or_contention(data, verdict, cut))
     return hints
+
+
+#: other processes busy on this share of the host's CPUs, or the hypervisor stealing this
+#: much, at half the spikes or more: the diagnosis names host load
+HOST_BUSY_SHARE_PCT = 50.0
+HOST_STEAL_PCT = 5.0
+
+
+def _spike_ends(data: RunData, source: str, cut: float) -> np.ndarray:
+    """When each frame over ``cut`` in the jitter criterion's column ended (capture time
+    plus its total), sorted: the telemetry tick at or after it covers the spike."""
+    y = data.frame(source)
+    end = data.frames["t_capture"] + np.nan_to_num(data.frame("total_ms")) / 1e3
+    return np.sort(end[np.isfinite(y) & (y > cut)])
+
+
+def host_load_hint(data: RunData, spikes: np.ndarray) -> str | None:
+    """Name host load when other processes kept the host's CPUs busy (or the hypervisor
+    stole them) at half the spikes or more, with the figures; None when the host was quiet
+    at them or was not sampled (a run made before soakd sampled the host)."""
+    t, host = data.samples["t"], data.sample("host_cpu_pct")
+    ok = np.isfinite(host)
+    if spikes.size == 0 or not ok.any():
+        return None
+    ncpu = data.meta.fact("cpu_count") or 1.0
+    own = np.nan_to_num(data.sample("cpu_pct")) / ncpu  # soakd's share of every CPU
+    others = (host - own)[ok]
+    steal = data.sample("host_steal_pct")[ok]
+    at = np.clip(np.searchsorted(t[ok], spikes), 0, int(ok.sum()) - 1)
+    busy = float(np.mean(others[at] >= HOST_BUSY_SHARE_PCT))
+    stolen = float(np.mean(np.nan_to_num(steal[at]) >= HOST_STEAL_PCT))
+    rest = f"{np.nanmedian(others):.0f} % over the whole run{_run_queue(data, at, ok, ncpu)}"
+    if busy >= 0.5:
+        return (
+            f"{spikes.size} spike(s) coincide with host load: other processes kept "
+            f"{np.nanmedian(others[at]):.0f} % of the host's {ncpu:.0f} CPUs busy at "
+            f"{busy:.0%} of them ({rest}); the CPU was shared: soak on a quiet host"
+        )
+    if stolen >= 0.5:
+        return (
+            f"{spikes.size} spike(s) coincide with CPU steal: the hypervisor took "
+            f"{np.nanmedian(steal[at]):.0f} % of the host's CPUs at {stolen:.0%} of them "
+            "(other guests on the machine): soak on a dedicated host"
+        )
+    return None
+
+
+def _run_queue(data: RunData, at: np.ndarray, ok: np.ndarray, ncpu: float) -> str:
+    rq = data.sample("host_run_queue")[ok][at]
+    if not np.isfinite(rq).any():
+        return ""
+    return f"; run queue {np.nanmedian(rq):.0f} at the spikes on {ncpu:.0f} CPUs"
 
 
 def _pressure_or_contention(data: RunData, verdict: Verdict, cut: float) -> str:

@@ -141,7 +141,10 @@ def load_extra_keys(
 def load_sample_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:
     """The run's telemetry samples ordered by seq: ``t`` and SAMPLE_METRICS."""
     names = ("t", *SAMPLE_METRICS)
-    sql = f"SELECT {', '.join(names)} FROM samples WHERE run_id = ? ORDER BY seq"
+    have = {str(r[1]) for r in conn.execute("PRAGMA table_info(samples)")}
+    # a database of an older soakd opened read-only (not migrated) lacks the later columns
+    cols = ", ".join(n if n in have else f"NULL AS {n}" for n in names)
+    sql = f"SELECT {cols} FROM samples WHERE run_id = ? ORDER BY seq"
     return _columns(conn, sql, (run_id,), names, _count(conn, "samples", run_id))
 
 

@@ -374,6 +374,18 @@ CREATE TABLE server_metrics (
 ) WITHOUT ROWID;
 """,
     ),
+    (
+        "0010_host_load",
+        """
+-- the host beside soakd (every process on it): CPU busy and stolen, % of all CPUs since the
+-- previous tick; the 1-minute load average; the run queue (procs_running, Linux); NULL in
+-- runs made before this migration and where the host does not tell
+ALTER TABLE samples ADD COLUMN host_cpu_pct REAL;
+ALTER TABLE samples ADD COLUMN host_steal_pct REAL;
+ALTER TABLE samples ADD COLUMN host_load1 REAL;
+ALTER TABLE samples ADD COLUMN host_run_queue INTEGER;
+""",
+    ),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

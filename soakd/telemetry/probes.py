@@ -7,7 +7,11 @@ saying why the GPU columns will be NULL when they will.
 
 * ``ProcessProbe`` (psutil): ``rss_bytes``, ``cpu_pct`` (this process, % of one core, so
   above 100 with several busy threads), ``sys_mem_used_bytes`` (total - available),
-  ``sys_mem_total_bytes``.
+  ``sys_mem_total_bytes``; the host beside it: ``host_cpu_pct`` (every CPU busy, % of all
+  of them since the previous tick: neither idle, waiting on I/O nor stolen),
+  ``host_steal_pct`` (taken by the hypervisor for other guests), ``host_load1`` and
+  ``host_run_queue`` (``procs_running`` in /proc/stat, the sampler's thread included; None
+  off Linux).
 * ``NvmlProbe`` (nvidia-ml-py ``pynvml``): device memory used/total (v2 memory info when the
   driver has it, else v1), GPU and memory utilisation (%), this process's GPU memory,
   temperature (C), board power (W), SM clock (MHz).
@@ -55,6 +59,7 @@ class ProcessProbe:
     def __init__(self, pid: int | None = None) -> None:
         self._proc = psutil.Process(pid or os.getpid())
         self._proc.cpu_percent(None)  # the first call only primes the counter
+        self._host = psutil.cpu_times(percpu=False)
 
     def sample(self, into: Values) -> None:
         proc = self._proc
@@ -64,9 +69,38 @@ class ProcessProbe:
         vm = psutil.virtual_memory()
         into["sys_mem_used_bytes"] = vm.total - vm.available
         into["sys_mem_total_bytes"] = vm.total
+        self._sample_host(into)
+
+    def _sample_host(self, into: Values) -> None:
+        """Host CPU since the previous tick, from the two readings' differences (psutil's
+        own ``cpu_times_percent`` keeps one module-wide previous reading, which another
+        caller in this process would move)."""
+        now = psutil.cpu_times(percpu=False)
+        delta = {f: getattr(now, f) - getattr(self._host, f) for f in now._fields}
+        self._host = now
+        total = sum(v for f, v in delta.items() if f not in ("guest", "guest_nice"))
+        if total > 0:
+            spare = sum(delta.get(f, 0.0) for f in ("idle", "iowait", "steal"))
+            into["host_cpu_pct"] = 100.0 * max(0.0, total - spare) / total
+            into["host_steal_pct"] = 100.0 * delta.get("steal", 0.0) / total
+        with contextlib.suppress(OSError):
+            into["host_load1"] = os.getloadavg()[0]
+        into["host_run_queue"] = procs_running()
 
     def close(self) -> None:
         """Holds nothing."""
+
+
+def procs_running(stat: str = "/proc/stat") -> int | None:
+    """The host's run queue: threads running or ready to run now (Linux); None elsewhere."""
+    try:
+        with open(stat, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 known truth.
 
 Stage times are real sleeps (mean ``pre_ms`` / ``infer_ms`` / ``decode_ms``, lognormal noise
-of relative sigma ``jitter``). ``spike_every`` makes every Nth frame's infer ``spike_ms``
+of relative sigma ``jitter``), or with ``cpu_bound`` that much of the thread's own CPU time,
+spun (a model computing on the CPU: slower in wall time when the host is loaded). ``spike_every`` makes every Nth frame's infer ``spike_ms``
 longer; ``drift_ms_per_min`` makes infer grow linearly with elapsed time. Memory is real:
 ``leak_mb_per_min`` allocates, touches and keeps memory; ``sawtooth_mb`` allocates up to that
 size over ``sawtooth_period_s`` and releases it, repeatedly. ``error_every`` makes every Nth
@@ -93,8 +94,16 @@ class Synthetic:
         return ms * math.exp(self._rng.normal(self._mu, self._sigma))
 
     def _sleep(self, ms: float) -> None:
-        if ms > 0:
+        if ms <= 0:
+            return
+        if not self.s.cpu_bound:
             self._closed.wait(ms / 1000.0)
+            return
+        # ms of this thread's own CPU time: the stage takes longer in wall time when other
+        # processes share the CPU, as a model computing on the CPU does
+        until = time.thread_time() + ms / 1000.0
+        while time.thread_time() < until and not self._closed.is_set():
+            pass
 
     def _memory(self, elapsed: float) -> None:
         s = self.s
