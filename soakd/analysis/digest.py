@@ -504,7 +504,7 @@ def _sample_view(
 def _sawtooth(
     src: RowSource, col: str, t0: float, agg: dict[str, np.ndarray], post: np.ndarray
 ) -> dict[str, Any]:
-    """``verdict._sawtooth`` of the whole post-warm-up series: steps down sharper than a
+    """``criteria.memory.sawtooth`` of the whole post-warm-up series: steps down sharper than a
     quarter of its range (the range from the window aggregates, the steps streamed)."""
     n = float(np.nansum(agg[f"count:{col}"][post]))
     lo, hi = agg[f"min:{col}"][post], agg[f"max:{col}"][post]

@@ -1,0 +1,180 @@
+"""The context every criterion judges from, and the trend helpers several share.
+
+``Context`` holds the run data, the ``[criteria]`` settings, the measured window (``t0`` ..
+``t1``, the measured / post-warm-up masks), the window series and trends the plots and the
+diagnosis read afterwards, the jitter history, the bounded path's ``FrameDigest`` and the
+results of the criteria judged before (``results``, by module name: headroom reads
+memory's). A trend criterion FAILs only when the Theil–Sen slope is above its tolerance and
+the autocorrelation-corrected Mann–Kendall test is significant (``call_trend``); a trend
+too short to test passes only when its windows' range bounds it, and is INVALID otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import stats
+from soakd.analysis.digest import FrameDigest
+from soakd.analysis.model import (
+    FAIL,
+    INVALID,
+    PASS,
+    CriterionResult,
+    RunData,
+)
+from soakd.config import CriteriaSettings
+
+
+@dataclass(slots=True)
+class Context:
+    data: RunData
+    crit: CriteriaSettings
+    t0: float
+    t1: float
+    measured: np.ndarray  # bool mask of frames: post-warm-up, dispatched
+    post: np.ndarray  # bool mask: post-warm-up rows (dispatched or skipped)
+    series: dict[str, stats.Windows]
+    trends: dict[str, stats.Trend]
+    #: the bounded path's streamed run (frames not loaded; ``data`` holds its telemetry view)
+    digest: FrameDigest | None = None
+    #: jitter ratios (max / median) of earlier passing runs of this config, newest first
+    history: Sequence[float] = ()
+    #: each criterion module's results so far, by module name ("memory": [...])
+    results: dict[str, list[CriterionResult]] = field(default_factory=dict)
+
+    @property
+    def span(self) -> float:
+        return max(self.t1 - self.t0, 0.0)
+
+    def minutes(self) -> str:
+        m = self.span / 60
+        return f"{m:.0f}-minute" if m >= 2 else f"{self.span:.0f}-second"
+
+
+def finite(v: Any) -> float | None:
+    """A finite float or None."""
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def trend_fields(tr: stats.Trend, per: float) -> dict[str, Any]:
+    return {
+        "slope": tr.slope * per,
+        "p_value": tr.p,
+        "z": tr.z,
+        "n_windows": tr.n,
+        "n_effective": tr.n_eff,
+        "autocorr_inflation": tr.inflation,
+        "noise": tr.noise,
+        "min_detectable_slope": tr.mds * per,
+    }
+
+
+def detectability(
+    ctx: Context, tr: stats.Trend, per: float, threshold: float, what: str, unit: str
+) -> list[str]:
+    mds = tr.mds * per
+    if math.isfinite(mds) and threshold < mds:
+        return [
+            f"this {ctx.minutes()} run cannot see {what} under {mds:.3g} {unit} "
+            f"(threshold {threshold:g} {unit})"
+        ]
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class TrendCall:
+    """How a trend criterion was decided: ``how`` is "rising" (FAIL), "trend" (tested,
+    PASS), "bounded" (too few windows for a test, but the windows' range keeps the slope
+    under the tolerance: PASS) or "untested" (INVALID). ``bound``: that largest slope."""
+
+    status: str
+    how: str
+    bound: float | None = None
+
+
+def _range_bound(t: np.ndarray, y: np.ndarray) -> float | None:
+    """The steepest slope the series' windows allow: (max - min) / span of their times."""
+    ok = np.isfinite(t) & np.isfinite(y)
+    if ok.sum() < 2:
+        return None
+    span = float(t[ok].max() - t[ok].min())
+    return float(y[ok].max() - y[ok].min()) / span if span > 0 else None
+
+
+def call_trend(
+    tr: stats.Trend, t: np.ndarray, y: np.ndarray, alpha: float, tol: float
+) -> TrendCall:
+    """FAIL when rising (significant and above ``tol``); else PASS when the trend was
+    testable or its range bounds it under ``tol``; else untested (INVALID)."""
+    if tr.rising(alpha, tol):
+        return TrendCall(FAIL, "rising")
+    if tr.testable(alpha):
+        return TrendCall(PASS, "trend")
+    bound = _range_bound(t, y)
+    if bound is not None and bound <= tol:
+        return TrendCall(PASS, "bounded", bound)
+    return TrendCall(INVALID, "untested", bound)
+
+
+def not_significant(ctx: Context, tr: stats.Trend, per: float, tol: float, unit: str) -> str:
+    """For a trend that passed with its slope over the tolerance ``tol`` (not significant):
+    why it passed and, from the slope this run can detect, about how long a run would decide
+    it (the detectable slope falls as span^-1.5 for windows of the same noise). "" when the
+    slope is within the tolerance."""
+    slope, mds = tr.slope * per, tr.mds * per
+    if not slope > tol:
+        return ""
+    words = f"; above {tol:g} {unit} but not significant at alpha = {ctx.crit.alpha:g}"
+    if math.isfinite(mds) and mds > tol and ctx.span > 0:
+        need = ctx.span * (mds / tol) ** (2 / 3)
+        words += (
+            f": this {ctx.minutes()} run sees growth over {mds:.3g} {unit}; about "
+            f"{need / 60:.0f} min after the warm-up would decide it"
+        )
+    return words
+
+
+def span_to_test(ctx: Context, tr: stats.Trend, window_s: float, min_windows: int = 0) -> float:
+    """Seconds after the warm-up a run needs for a trend test of windows of ``window_s``:
+    enough windows for significance and, at this run's autocorrelation, 3 effective ones."""
+    need = max(stats.min_trend_points(ctx.crit.alpha), min_windows)
+    if math.isfinite(tr.inflation) and tr.n >= 3:
+        need = max(need, math.ceil(3 * tr.inflation) + 1)
+    return need * window_s
+
+
+def untested(ctx: Context, tr: stats.Trend, what: str, need_s: float) -> str:
+    """The detail of an untested trend: why, and how long the run must be (no p-value: a
+    test that could not be run has none worth showing)."""
+    return (
+        f"untested: {tr.n} windows ({tr.n_eff:.1f} effective) cannot show {what} at "
+        f"alpha = {ctx.crit.alpha:g} (a test needs {stats.min_trend_points(ctx.crit.alpha)} "
+        f"windows and 3 effective); run at least {need_s:.0f} s after the warm-up "
+        f"(run.duration >= {ctx.t0 + need_s:.0f} s)"
+    )
+
+
+def generator_intervals(d: RunData, t0: float) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk-to-chunk intervals of a generator run: the first emission of each chunk that
+    is not the first of its request (of a rollout: every chunk but the run's first),
+    post-warm-up."""
+    e = d.emissions
+    if len(e["t_emit"]) == 0:
+        return np.empty(0), np.empty(0)
+    fid, chunk, idx = e["frame_id"], e["chunk"], e["idx"]
+    new_chunk = np.ones(len(fid), dtype=bool)
+    new_chunk[1:] = (fid[1:] != fid[:-1]) | (chunk[1:] != chunk[:-1])
+    later = (idx > 0) | (d.meta.shape == "rollout")  # a rollout's intervals span its chunks
+    keep = new_chunk & later & (e["t_emit"] >= t0) & np.isfinite(e["interval_ms"])
+    return e["t_emit"][keep], e["interval_ms"][keep]

@@ -1,0 +1,234 @@
+"""Frame age (capture to result): its p95 under a ceiling and no rising trend; a queue backlog
+(``consume = "oldest"``) named as the cause when it grows; a generator's output intervals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import stats
+from soakd.analysis.criteria.base import (
+    Context,
+    TrendCall,
+    call_trend,
+    detectability,
+    generator_intervals,
+    not_significant,
+    span_to_test,
+    trend_fields,
+    untested,
+)
+from soakd.analysis.digest import FrameDigest
+from soakd.analysis.model import (
+    FAIL,
+    INVALID,
+    PASS,
+    CriterionResult,
+    age_window_s,
+)
+
+
+def _age_series(ctx: Context) -> tuple[str, str, str, np.ndarray, np.ndarray]:
+    """(criterion, title, what, t, y) of the age criterion: frame age on the dispatch axis,
+    or a generator's output intervals."""
+    d = ctx.data
+    if d.meta.generates:
+        t, y = generator_intervals(d, ctx.t0)
+        return "interval", "Stable output interval", "interval growth", t, y
+    # on the dispatch axis: a backlog's frames are dispatched (and aged) late
+    y = d.frame("frame_age_ms")[ctx.measured]
+    t = d.frames["t_capture"][ctx.measured] + y / 1000.0  # age = dispatch - capture
+    return "frame_age", "Stable frame age", "frame-age growth", t, y
+
+
+def _first_emit_evidence(ctx: Context) -> dict[str, float]:
+    fe = ctx.data.frame("first_emit_ms")[ctx.measured]
+    fe = fe[np.isfinite(fe)]
+    if not fe.size:
+        return {}
+    return {"first_emit_ms_median": float(np.median(fe)), "first_emit_ms_max": float(fe.max())}
+
+
+def _backlog(ctx: Context, t: np.ndarray, w: float) -> dict[str, Any] | None:
+    """With ``consume = "oldest"``: the trend of the queue length (window medians on the
+    dispatch axis, plus the frames still queued at the end) and the frame-age slope it
+    implies (frames per second x the frame period). A growing backlog keeps aging frames
+    that are never dispatched, so measured frame age alone would understate it."""
+    d = ctx.data
+    fps = d.meta.fps
+    if d.meta.setting("run", "consume") != "oldest" or not fps:
+        return None
+    q = d.frame("queue_len")[ctx.measured]
+    ok = np.isfinite(q) & np.isfinite(t)
+    if not ok.any():
+        return None
+    return _backlog_trend(ctx, stats.window_reduce(t[ok], q[ok], w, t0=ctx.t0, t1=ctx.t1))
+
+
+def _backlog_trend(ctx: Context, win: stats.Windows) -> dict[str, Any] | None:
+    """The backlog evidence from the queue length's windows (see ``_backlog``)."""
+    fps = ctx.data.meta.fps
+    if not fps:
+        return None
+    has = win.nonempty()
+    wt, wq = win.t[has], win.median[has]
+    queued = ctx.data.meta.counter("queued_at_end")
+    if queued is not None:
+        wt, wq = np.append(wt, ctx.t1), np.append(wq, queued)
+    tr = stats.trend(wt, wq, ctx.crit.alpha)
+    ms_per_frame = 1000.0 / fps
+    return {
+        "queue_slope_per_min": tr.slope * 60,
+        "queue_p_value": tr.p,
+        "queued_at_end": queued,
+        "implied_age_slope_ms_per_min": tr.slope * 60 * ms_per_frame,
+        "growing": tr.rising(ctx.crit.alpha, ctx.crit.max_age_slope_ms_per_min / 60 / ms_per_frame),
+    }
+
+
+def _age_problems(
+    ctx: Context, call: TrendCall, tr: stats.Trend, p95: float, backlog: dict[str, Any] | None
+) -> list[str]:
+    c = ctx.crit
+    problems = []
+    if call.how == "rising":
+        problems.append(f"rising {tr.slope * 60:.3g} ms/min (p = {tr.p:.2g})")
+    if backlog and backlog["growing"]:
+        end = backlog["queued_at_end"]
+        problems.append(
+            f"backlog growing {backlog['queue_slope_per_min']:.3g} frames/min "
+            f"(~{backlog['implied_age_slope_ms_per_min']:.3g} ms/min of frame age"
+            + (f", {end:.0f} frames still queued at the end" if end else "")
+            + ")"
+        )
+    if c.max_age_p95_ms is not None and p95 > c.max_age_p95_ms:
+        problems.append(f"p95 {p95:.4g} ms over {c.max_age_p95_ms:g} ms")
+    return problems
+
+
+def _age_outcome(
+    ctx: Context,
+    call: TrendCall,
+    tr: stats.Trend,
+    problems: list[str],
+    what: str,
+    rate: float | None,
+    ev: dict[str, Any],
+) -> tuple[str, str]:
+    """(status, detail) of the age criterion: FAIL on any problem, else as the trend was
+    decided (an untested one records the run length that would test it in ``ev``)."""
+    med = ev["median_ms"]
+    if problems:
+        return FAIL, "; ".join(problems)
+    if call.how == "untested":
+        need = span_to_test(ctx, tr, age_window_s(0.0, rate))
+        ev["min_span_to_test_s"] = need
+        return INVALID, untested(ctx, tr, what, need)
+    if call.how == "bounded" and call.bound is not None:
+        return PASS, (
+            f"median {med:.4g} ms; too few windows for a trend test, but their range allows "
+            f"at most {call.bound * 60:.3g} ms/min"
+        )
+    tol = ctx.crit.max_age_slope_ms_per_min
+    return PASS, (
+        f"median {med:.4g} ms, slope {tr.slope * 60:+.3g} ms/min (p = {tr.p:.2g})"
+        + not_significant(ctx, tr, 60, tol, "ms/min")
+    )
+
+
+def judge_frame_age(ctx: Context) -> CriterionResult:
+    d, c, dg = ctx.data, ctx.crit, ctx.digest
+    generator = d.meta.generates
+    thr = c.max_age_slope_ms_per_min
+    if dg:
+        return _age_streamed(ctx, dg)
+    name, title, what, t, y = _age_series(ctx)
+    ok = np.isfinite(y)
+    if not ok.any():
+        return CriterionResult.invalid(
+            name,
+            title,
+            threshold=thr,
+            unit="ms/min",
+            detail=f"no {'intervals' if generator else 'frame ages'} measured",
+        )
+    backlog = None if generator else _backlog(ctx, t, age_window_s(ctx.span, d.meta.fps))
+    t, y = t[ok], y[ok]
+    # windows hold ~10 values: of frames for frame age, of intervals for a generator (many
+    # intervals per request, so the request rate would make the windows far too long)
+    rate = y.size / ctx.span if generator and ctx.span > 0 else d.meta.fps
+    w = age_window_s(ctx.span, rate)
+    win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1)
+    levels = (float(np.median(y)), float(np.percentile(y, 95)), float(y.max()))
+    return age_result(ctx, (name, title, what), win, levels, backlog, rate)
+
+
+def _age_streamed(ctx: Context, dg: FrameDigest) -> CriterionResult:
+    """The age criterion of a streamed run (frame age only: no generator on that path)."""
+    q = dg.quantiles["frame_age_ms"]
+    thr = ctx.crit.max_age_slope_ms_per_min
+    words = ("frame_age", "Stable frame age", "frame-age growth")
+    if not q.n:
+        return CriterionResult.invalid(
+            words[0], words[1], threshold=thr, unit="ms/min", detail="no frame ages measured"
+        )
+    queue = dg.backlog
+    backlog = _backlog_trend(ctx, queue) if queue is not None and queue.count.any() else None
+    levels = (q.median(), q.percentile(95.0), q.max)
+    return age_result(ctx, words, dg.age, levels, backlog, ctx.data.meta.fps)
+
+
+def age_result(
+    ctx: Context,
+    words: tuple[str, str, str],
+    win: stats.Windows,
+    levels: tuple[float, float, float],
+    backlog: dict[str, Any] | None,
+    rate: float | None,
+) -> CriterionResult:
+    """The age criterion from its windows and (median, p95, max) of its values."""
+    c, generator = ctx.crit, ctx.data.meta.generates
+    name, title, what = words
+    thr = c.max_age_slope_ms_per_min
+    ctx.series[name] = win
+    has = win.nonempty()
+    tr = stats.trend(win.t[has], win.median[has], c.alpha)
+    ctx.trends[name] = tr
+    call = call_trend(tr, win.t[has], win.median[has], c.alpha, thr / 60)
+    med, p95, mx = levels
+    ev: dict[str, Any] = {
+        "median_ms": med,
+        "p95_ms": p95,
+        "max_ms": mx,
+        "window_s": win.width_s,
+        "decided_by": call.how,
+        **trend_fields(tr, 60.0),
+    }
+    if call.bound is not None:
+        ev["bound_slope"] = call.bound * 60
+    if backlog:
+        ev["backlog"] = backlog
+    if generator:
+        ev.update(_first_emit_evidence(ctx))
+    if c.max_age_p95_ms is not None:
+        ev["max_age_p95_ms"] = c.max_age_p95_ms
+    problems = _age_problems(ctx, call, tr, p95, backlog)
+    status, detail = _age_outcome(ctx, call, tr, problems, what, rate, ev)
+    return CriterionResult(
+        criterion=name,
+        title=title,
+        status=status,
+        value=tr.slope * 60,
+        threshold=thr,
+        unit="ms/min",
+        detail=detail,
+        evidence=ev,
+        warnings=detectability(ctx, tr, 60.0, thr, what, "ms/min"),
+    )
+
+
+def judge(ctx: Context) -> list[CriterionResult]:
+    """This criterion's results (the protocol of soakd.analysis.criteria)."""
+    return [judge_frame_age(ctx)]

@@ -1,0 +1,155 @@
+"""Time to exhaustion: each memory metric's headroom (limit - peak used) at its floor slope,
+against ``min_headroom_hours``; reads the memory criterion's results.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import server
+from soakd.analysis.criteria.base import (
+    Context,
+)
+from soakd.analysis.model import (
+    FAIL,
+    INVALID,
+    MEMORY_METRICS,
+    MIB,
+    PASS,
+    CriterionResult,
+)
+
+
+def _memory_limit(ctx: Context, name: str) -> tuple[float, str, float] | None:
+    """(limit bytes, where it comes from, peak bytes used against it) for a memory metric:
+    RSS against the host's memory or the cgroup limit, whichever is lower; the GPU metrics
+    against the device's total, with the device's peak used (it is what runs out)."""
+    d = ctx.data
+    post = d.samples["t"] >= ctx.t0
+    col = dict((n, c) for n, c, _ in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS))[name]
+    if name in ("memory_rss", "memory_server_rss"):  # host memory, shared by both
+        limits = [
+            (v, src)
+            for v, src in (
+                (d.meta.fact("host_mem_total_bytes"), "host memory"),
+                (d.meta.fact("cgroup_mem_max_bytes"), "cgroup memory.max"),
+            )
+            if v is not None
+        ]
+        peak = d.sample(col)[post]
+        if not limits or not np.isfinite(peak).any():
+            return None
+        lim, src = min(limits)
+        return lim, src, float(np.nanmax(peak))
+    total = d.sample("gpu_mem_total_bytes")[post]
+    used = d.sample("gpu_mem_used_bytes")[post]
+    if not np.isfinite(used).any():
+        used = d.sample(col)[post]
+    if not np.isfinite(total).any() or not np.isfinite(used).any():
+        return None
+    return float(np.nanmax(total)), "GPU memory", float(np.nanmax(used))
+
+
+def _hours_left(ctx: Context, res: CriterionResult, headroom: float) -> float | None:
+    """Hours until ``headroom`` bytes are gone at the metric's floor slope: infinite for a
+    flat floor (no significant rise), the bound's rate when only a bound was possible,
+    None when untested."""
+    tr = ctx.trends.get(res.criterion)
+    how = res.evidence.get("decided_by")
+    if tr is None or how == "untested":
+        return None
+    if how == "bounded":
+        per_s = float(res.evidence["bound_slope"]) * MIB / 60
+    elif tr.p < ctx.crit.alpha and tr.slope > 0:
+        per_s = tr.slope
+    else:
+        return math.inf
+    if per_s <= 0:
+        return math.inf
+    return max(headroom, 0.0) / per_s / 3600
+
+
+def _headroom_metrics(
+    ctx: Context, memory: Sequence[CriterionResult]
+) -> tuple[dict[str, Any], list[str]]:
+    """Per memory metric with a known limit: limit, peak, headroom and hours left (None:
+    flat or untested); and the metrics whose trend was untested."""
+    per_metric: dict[str, Any] = {}
+    untested: list[str] = []
+    for res in memory:
+        lim = _memory_limit(ctx, res.criterion) if res.status in (PASS, FAIL, INVALID) else None
+        if lim is None:
+            continue
+        limit, src, peak = lim
+        hours = _hours_left(ctx, res, limit - peak)
+        per_metric[res.criterion] = {
+            "limit_mb": limit / MIB,
+            "limit_source": src,
+            "peak_mb": peak / MIB,
+            "headroom_mb": (limit - peak) / MIB,
+            "hours": hours if hours is None or math.isfinite(hours) else None,
+            "flat": hours is not None and math.isinf(hours),
+        }
+        if hours is None:
+            untested.append(res.criterion)
+    return per_metric, untested
+
+
+def judge_headroom(ctx: Context, memory: Sequence[CriterionResult]) -> CriterionResult:
+    """Time to exhaustion at the measured floor slope against the headroom left (limit -
+    peak used), for each memory metric with a known limit; FAIL when the shortest is under
+    ``min_headroom_hours``, INVALID when a metric with a limit could not be tested."""
+    thr = ctx.crit.min_headroom_hours
+    title = "Memory headroom"
+    per_metric, untested = _headroom_metrics(ctx, memory)
+    ev: dict[str, Any] = {"metrics": per_metric, "min_headroom_hours": thr}
+    if not per_metric:
+        return CriterionResult.na(
+            "memory_headroom",
+            title,
+            threshold=thr,
+            unit="h",
+            detail="not applicable: no memory limit recorded (host, cgroup or GPU total)",
+        )
+    finite = {k: v for k, v in per_metric.items() if v["hours"] is not None}
+    worst = min(finite, key=lambda k: finite[k]["hours"]) if finite else None
+    value = finite[worst]["hours"] if worst else None
+    if worst and value is not None and value < thr:
+        m = finite[worst]
+        status = FAIL
+        detail = (
+            f"{worst}: {m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB "
+            f"({m['limit_source']}) gone in {value:.3g} h at the floor slope"
+        )
+    elif untested:
+        status = INVALID
+        detail = f"untested: {', '.join(untested)} could not be tested for a trend"
+    else:
+        status = PASS
+        detail = "; ".join(_headroom_words(k, v) for k, v in per_metric.items())
+    return CriterionResult(
+        criterion="memory_headroom",
+        title=title,
+        status=status,
+        value=value,
+        threshold=thr,
+        unit="h",
+        detail=detail,
+        evidence=ev,
+    )
+
+
+def _headroom_words(name: str, m: dict[str, Any]) -> str:
+    left = f"{m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB ({m['limit_source']})"
+    if m["hours"] is None:
+        return f"{name}: {left}, floor flat"
+    return f"{name}: {left}, {m['hours']:.3g} h at the floor slope"
+
+
+def judge(ctx: Context) -> list[CriterionResult]:
+    """This criterion's results (the protocol of soakd.analysis.criteria)."""
+    return [judge_headroom(ctx, ctx.results["memory"])]

@@ -1,0 +1,211 @@
+"""Stage time spikes against k x median (k configured or from the history of passing runs):
+``jitter_rule = "count"`` allows a few frames over it, ``"max"`` none; a rollout judges its
+presentation intervals (or its chunk times).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import stats
+from soakd.analysis.chunks import judged_intervals
+from soakd.analysis.criteria.base import (
+    Context,
+    generator_intervals,
+)
+from soakd.analysis.model import (
+    FAIL,
+    PASS,
+    CriterionResult,
+    jitter_allowed,
+)
+from soakd.config import CriteriaSettings
+
+DEFAULT_JITTER_K = 5.0  # used when jitter_k = "history" has too little history
+
+
+HISTORY_MARGIN = 1.25  # k from history = margin x the largest passing ratio
+
+
+def _presentation_source(ctx: Context) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
+    """A rollout's waits between visible updates (``criteria.generator_interval =
+    "presentation"``, chunks.judged_intervals): the stalls a viewer sees, by chunk."""
+    iv = judged_intervals(ctx.data, ctx.t0, "presentation")
+    return ("presentation_ms", iv.ms, iv.frame_id, iv.t) if iv.n else None
+
+
+def _jitter_source(ctx: Context) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(column, values, frame ids, times) the jitter criterion judges: a rollout's waits
+    between visible updates (or, ``generator_interval = "per_frame"``, its chunk times:
+    each chunk is a row), else infer or output latency, else a generator's intervals."""
+    d = ctx.data
+    if d.meta.shape == "rollout" and ctx.crit.generator_interval == "presentation":
+        return _presentation_source(ctx)
+    ok = ctx.measured & (d.frame("has_error") == 0)
+    # a session's infer_ms: the model step(s) that took the frame (soakd's hooks); its output
+    # latency only when its stages were not timed
+    cols = ("total_ms",) if d.meta.shape == "rollout" else ("infer_ms", "output_latency_ms")
+    for col in cols:
+        y = d.frame(col)[ok]
+        if np.isfinite(y).any():
+            keep = np.isfinite(y)
+            fid = d.frames["frame_id"][ok][keep]
+            return col, y[keep], fid, d.frames["t_capture"][ok][keep]
+    if d.meta.generates:
+        t, iv = generator_intervals(d, ctx.t0)
+        if iv.size:
+            return "interval_ms", iv, np.arange(iv.size, dtype=np.float64), t
+    return None
+
+
+def resolve_jitter_k(crit: CriteriaSettings, history: Sequence[float]) -> tuple[float, str]:
+    """The k to use and a note on where it came from."""
+    if crit.jitter_k != "history":
+        return float(crit.jitter_k), "configured"
+    hist = [h for h in history if math.isfinite(h) and h >= 1]
+    if len(hist) < crit.jitter_history_min_runs:
+        return DEFAULT_JITTER_K, (
+            f"history: only {len(hist)} earlier passing run(s) of this config on this host "
+            f"(need {crit.jitter_history_min_runs}); using the default k = {DEFAULT_JITTER_K:g}"
+        )
+    k = max(1.0, HISTORY_MARGIN * max(hist))
+    return k, (
+        f"history: {HISTORY_MARGIN:g} x the largest ratio ({max(hist):.3g}) of "
+        f"{len(hist)} earlier passing runs"
+    )
+
+
+def _exceedances(
+    ctx: Context, over: tuple[np.ndarray, np.ndarray, np.ndarray], kth: float, n: int, med: float
+) -> dict[str, Any]:
+    """Frames over k x median (``over``: their values, frame ids and times, among ``n``):
+    how many, how many the rule allows, when (first / last t), whether they recur at
+    regular positions, and ``robust_ratio``: the ratio to the median of ``kth``, the
+    largest frame left once the allowed ones are set aside (what the rule judges)."""
+    c = ctx.crit
+    y, fid, t = over
+    n_over = int(y.size)
+    allowed = jitter_allowed(c, n)
+    robust = kth / med if med > 0 else (1.0 if kth == 0 else math.inf)
+    per = stats.tail_periodicity(fid)
+    ev: dict[str, Any] = {
+        "rule": c.jitter_rule,
+        "exceed_count": n_over,
+        "exceed_allowed": allowed,
+        "exceed_periodic": per.regular,
+        "exceed_period": per.period,
+        "robust_ratio": robust if math.isfinite(robust) else None,
+    }
+    if n_over:
+        ev["exceed_first_t"] = float(t.min())
+        ev["exceed_last_t"] = float(t.max())
+    return ev
+
+
+def _tail(y: np.ndarray, fid: np.ndarray) -> dict[str, Any]:
+    """The long tail (above a robust cut) and whether it falls at regular positions."""
+    cut = stats.robust_tail_threshold(y)
+    tail_pos = fid[y > cut]
+    per = stats.tail_periodicity(tail_pos)
+    return {
+        "tail_cut_ms": cut,
+        "tail_frames": int(tail_pos.size),
+        "tail_periodic": per.regular,
+        "tail_period": per.period,
+        "tail_score": per.score,
+    }
+
+
+def _jitter_detail(col: str, mx: float, med: float, ratio: float, ex: dict[str, Any]) -> str:
+    stage = col.removesuffix("_ms")
+    base = f"{stage} max {mx:.4g} ms = {ratio:.3g} x median {med:.4g} ms"
+    n = ex["exceed_count"]
+    if not n:
+        return f"{base}; no frame over k x median"
+    when = f"{ex['exceed_first_t']:.4g} s" + (f" to {ex['exceed_last_t']:.4g} s" if n > 1 else "")
+    recur = f", recurring every {ex['exceed_period']} frames" if ex["exceed_periodic"] else ""
+    return f"{base}; {n} frame(s) over k x median at {when}{recur} (allowed {ex['exceed_allowed']})"
+
+
+def judge_jitter(ctx: Context, history: Sequence[float]) -> CriterionResult:
+    """Stage time spikes against k x median. ``jitter_rule = "count"`` (default): FAIL when
+    more frames exceed k x median than allowed (``jitter_max_exceed``, or the
+    ``jitter_max_exceed_fraction`` share of frames if more), or when 4 or more exceed at
+    regular positions; ``"max"``: FAIL when the max alone exceeds it (the seed's rule)."""
+    d, c = ctx.data, ctx.crit
+    k, k_note = resolve_jitter_k(c, history)
+    title = "Infer jitter"
+    if d.meta.shape == "rollout":
+        by_wait = c.generator_interval == "presentation"
+        title = "Presentation interval jitter" if by_wait else "Chunk time jitter"
+    dg = ctx.digest
+    src = None if dg else _jitter_source(ctx)
+    if (dg.jitter is None) if dg else (src is None):
+        if d.meta.shape == "session":
+            return CriterionResult.na(
+                "jitter",
+                title,
+                threshold=k,
+                unit="x median",
+                detail="not applicable: the session's stages were not timed and no output came",
+            )
+        return CriterionResult.invalid(
+            "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"
+        )
+    if dg and dg.jitter:
+        j = dg.jitter
+        col, levels, tail = j.column, j.levels, j.tail
+        ex = _exceedances(ctx, j.over, j.kth, j.n, levels["median_ms"])
+    elif src is not None:
+        col, y, fid, t = src
+        levels = {
+            "median_ms": float(np.median(y)),
+            "max_ms": float(y.max()),
+            "p99_ms": float(np.percentile(y, 99)),
+            "max_frame_id": float(fid[int(np.argmax(y))]),
+        }
+        over = y > k * levels["median_ms"]
+        kth = float(np.sort(y)[::-1][min(jitter_allowed(c, y.size), y.size - 1)])
+        ex = _exceedances(ctx, (y[over], fid[over], t[over]), kth, y.size, levels["median_ms"])
+        tail = _tail(y, fid)
+    med, mx = levels["median_ms"], levels["max_ms"]
+    ratio = mx / med if med > 0 else (1.0 if mx == 0 else math.inf)
+    ev: dict[str, Any] = {
+        "source": col,
+        "median_ms": med,
+        "max_ms": mx,
+        "max_ratio": ratio if math.isfinite(ratio) else None,
+        "p99_ms": levels["p99_ms"],
+        "k": k,
+        "k_source": k_note,
+        "max_frame_id": levels["max_frame_id"],
+        **tail,
+        "history_runs": len(history),
+        **ex,
+    }
+    warnings = [k_note] if c.jitter_k == "history" and "default" in k_note else []
+    robust = ex["robust_ratio"] if ex["robust_ratio"] is not None else math.inf
+    recurrent = ex["exceed_count"] >= 4 and ex["exceed_periodic"]
+    status = FAIL if robust > k or recurrent else PASS
+    # value: the ratio the rule judged (the max for "max"), so history learns the same
+    value = ratio if c.jitter_rule == "max" else robust
+    return CriterionResult(
+        criterion="jitter",
+        title=title,
+        status=status,
+        value=value if math.isfinite(value) else None,
+        threshold=k,
+        unit="x median",
+        detail=_jitter_detail(col, mx, med, ratio, ex),
+        evidence=ev,
+        warnings=warnings,
+    )
+
+
+def judge(ctx: Context) -> list[CriterionResult]:
+    """This criterion's results (the protocol of soakd.analysis.criteria)."""
+    return [judge_jitter(ctx, ctx.history)]

@@ -1,0 +1,78 @@
+"""The run as a whole: long enough, enough measured frames, ended cleanly (no hang, no stall,
+no signal)."""
+
+from __future__ import annotations
+
+from soakd.analysis.criteria.base import (
+    Context,
+    finite,
+)
+from soakd.analysis.model import (
+    INVALID,
+    PASS,
+    CriterionResult,
+    RunData,
+)
+
+
+def judge_run_validity(ctx: Context) -> CriterionResult:
+    d, c, dg = ctx.data, ctx.crit, ctx.digest
+    n_meas = dg.n_measured if dg else int(ctx.measured.sum())
+    dur = finite(d.meta.duration_s)
+    if dur is None and dg:
+        dur = max(dg.counters.last_capture, 0.0)
+    if dur is None:
+        t = d.frames["t_capture"]
+        dur = float(t.max()) if t.size else 0.0
+    ev = {
+        "status": d.meta.status,
+        "reason": d.meta.reason,
+        "duration_s": dur,
+        "measured_frames": n_meas,
+        "min_frames": c.min_frames,
+        "measured_window_s": [ctx.t0, ctx.t1],
+    }
+    problems = []
+    if d.meta.status != "completed":
+        why = f": {d.meta.reason}" if d.meta.reason else ""
+        problems.append(f"run {d.meta.status}{why}")
+    if dur < c.min_duration_s:
+        problems.append(
+            f"too short for a soak: {dur:.3g} s < {c.min_duration_s:g} s (min_duration_s)"
+        )
+    if n_meas < c.min_frames:
+        problems.append(f"{n_meas} post-warm-up frames, fewer than min_frames = {c.min_frames}")
+    hang = _hang(d)
+    if hang:
+        ev["in_flight_at_end"] = 1
+        ev["in_flight_since_s"] = d.meta.counter("in_flight_since_s")
+        problems.append(hang)
+    status = INVALID if problems else PASS
+    detail = "; ".join(problems) if problems else (f"{dur:.4g} s, {n_meas} post-warm-up frames")
+    return CriterionResult(
+        criterion="run",
+        title="Run is long and complete enough",
+        status=status,
+        value=dur,
+        threshold=c.min_duration_s,
+        unit="s",
+        detail=detail,
+        evidence=ev,
+    )
+
+
+def _hang(d: RunData) -> str | None:
+    """A frame dispatched and never finished when the run stopped: the workload hung, so the
+    run cannot be judged (INVALID, whatever else passed)."""
+    if not d.meta.counter("in_flight_at_end"):
+        return None
+    since = d.meta.counter("in_flight_since_s")
+    at = f" at {since:.3g} s" if since is not None else ""
+    stall = d.meta.counter("stall_timeout_s")
+    why = f" (stall timeout {stall:g} s not reached)" if stall is not None else ""
+    return f"a frame dispatched{at} never finished: the workload hung{why}"
+
+
+def judge(ctx: Context) -> list[CriterionResult]:
+    """This criterion's results (the protocol of soakd.analysis.criteria)."""
+    return [judge_run_validity(ctx)]
