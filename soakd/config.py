@@ -220,6 +220,10 @@ class RunSettings(_Section):
     log_every: int = Field(1, ge=0)  # one per-frame log line every N frames (0 = none)
     stall_timeout_s: Duration = Field(60.0, gt=0)  # no frame finishing for this long = stall
     on_oom: Literal["continue", "stop"] = "continue"
+    # end the run as FAIL as soon as a criterion can no longer pass (errors past their
+    # budget, an OOM, drops past the limit on the planned run, a memory floor rising at the
+    # alpha spent so far); `soakd plan run` sets it unless the config says otherwise
+    stop_on_fail: bool = False
     seed: int = 0
 
 

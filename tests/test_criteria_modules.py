@@ -45,8 +45,8 @@ def test_headroom_is_judged_after_the_memory_it_reads() -> None:
 
 
 def test_verdict_module_only_composes() -> None:
-    """verdict.py defines no criterion of its own: its functions are judge, its overall rule
-    and the module-name helper."""
+    """verdict.py defines no criterion of its own: its functions are judge, the overall rule
+    (with the early stop's confirmation) and the module-name helper."""
     from soakd.analysis import verdict
 
     own = {
@@ -54,4 +54,21 @@ def test_verdict_module_only_composes() -> None:
         for n, f in inspect.getmembers(verdict, inspect.isfunction)
         if f.__module__ == verdict.__name__
     }
-    assert own == {"judge", "_overall", "_name"}
+    assert own == {"judge", "ended_early", "_overall", "_name"}
+
+
+#: the criteria that can end a run early (run.stop_on_fail; thresholds: abort_on_fail)
+EARLY = {"errors", "oom", "drops", "memory", "thresholds"}
+
+
+def test_the_criteria_that_stop_a_run_early_have_the_running_half_of_the_protocol() -> None:
+    """errors, oom, drops, memory and thresholds have ``early_fail(live, crit) -> EarlyFail
+    | None``; no other criterion claims one."""
+    have = set()
+    for name in _modules():
+        module = import_module(f"soakd.analysis.criteria.{name}")
+        if not hasattr(module, "early_fail"):
+            continue
+        have.add(name)
+        assert list(inspect.signature(module.early_fail).parameters) == ["live", "crit"], name
+    assert have == EARLY

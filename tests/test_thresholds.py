@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 
 from soakd.analysis import evaluate
+from soakd.analysis.criteria import thresholds as thresholds_criterion
+from soakd.analysis.criteria.base import Live
 from soakd.analysis.thresholds import ABORT_MIN_VALUES, can_no_longer_pass
 from soakd.config import (
     THRESHOLD_FRAME_COLUMNS,
     THRESHOLD_SAMPLE_COLUMNS,
     ConfigError,
+    CriteriaSettings,
     Settings,
     load_settings,
     parse_threshold,
@@ -23,8 +26,8 @@ from soakd.config import (
 from soakd.observers.base import Progress
 from soakd.records import Event, FrameRecord
 from soakd.report import render
+from soakd.run.early_stop import EarlyStop
 from soakd.run.runner import run_soak
-from soakd.run.thresholds_watch import ThresholdWatch
 from soakd.store.rundata import FRAME_FIELDS, SAMPLE_METRICS
 
 from .conftest import SYNTH_CLI, run_cli
@@ -204,11 +207,13 @@ def _frame(i: int, total_ms: float) -> FrameRecord:
     return FrameRecord(i, 0.0, i * 0.05, None, None, 0.0, 0.0, total_ms=total_ms)
 
 
-def _watch(expr: str, fired: list[str], events: list[Event]) -> ThresholdWatch:
-    th = parse_threshold(expr, abort_on_fail=True)
-    return ThresholdWatch(
-        [th], warmup_s=0.0, min_values=ABORT_MIN_VALUES, event=events.append, stop=fired.append
-    )
+def _watch(expr: str, fired: list[str], events: list[Event]) -> EarlyStop:
+    """The run's early-stop observer asking the thresholds criterion alone, warm-up over."""
+    crit = CriteriaSettings(thresholds=[{"expr": expr, "abort_on_fail": True}], min_frames=1)
+    live = Live(planned_s=60.0, fps=20.0, streams=1)
+    watch = EarlyStop(live, crit, [thresholds_criterion], event=events.append, stop=fired.append)
+    watch.on_event(Event("warmup_end", 0.0, 0.0))
+    return watch
 
 
 def test_a_percentile_aborts_only_after_the_minimum_of_values() -> None:
@@ -224,7 +229,8 @@ def test_a_percentile_aborts_only_after_the_minimum_of_values() -> None:
     watch.on_frame(_frame(ABORT_MIN_VALUES, 50.0))
     watch.on_progress(tick)
     assert len(fired) == 1 and fired[0].startswith("threshold p95(total_ms) < 10 failed")
-    assert [e.kind for e in events] == ["threshold_abort"]
+    assert [e.kind for e in events] == ["early_stop"]
+    assert events[0].data == {"criterion": "threshold:p95(total_ms)<10", "t": 2.0}
 
 
 def test_a_monotone_statistic_aborts_only_when_it_cannot_come_back() -> None:

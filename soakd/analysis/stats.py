@@ -321,3 +321,23 @@ def robust_tail_threshold(x: np.ndarray, *, k: float = 5.0, min_ratio: float = 1
     med = float(np.median(x))
     mad = float(np.median(np.abs(x - med))) * 1.4826
     return max(med + k * mad, min_ratio * med)
+
+
+def obrien_fleming_spent(alpha: float, fraction: float) -> float:
+    """The alpha an O'Brien–Fleming-type spending function (Lan & DeMets 1983) has spent by
+    ``fraction`` of the planned information (here: of the planned run length):
+    2 - 2 Φ(z_{1-α/2} / √t), 0 at the start and ``alpha`` at the planned end. Early looks
+    spend almost nothing (α = 0.01: 3e-7 by t = 0.25, 0.0003 by 0.5, 0.003 by 0.75), so
+    only an overwhelming trend stops a run early."""
+    t = min(max(fraction, 0.0), 1.0)
+    if t <= 0.0:
+        return 0.0
+    norm = scipy_stats().norm
+    return float(min(alpha, 2.0 - 2.0 * norm.cdf(norm.ppf(1.0 - alpha / 2.0) / math.sqrt(t))))
+
+
+def look_alpha(alpha: float, fraction: float, previous: float) -> float:
+    """The nominal alpha of a look at ``fraction`` after one at ``previous``: what the
+    spending function spends between them. Testing each look at its increment keeps the
+    chance of any false early stop under ``alpha`` (a union bound over the looks)."""
+    return max(obrien_fleming_spent(alpha, fraction) - obrien_fleming_spent(alpha, previous), 0.0)

@@ -5,8 +5,9 @@ Pure: RunData and the parsed thresholds (``soakd.config.Threshold``) in, Criteri
 out. Frame columns are judged over the measured frames (``RunData.measured``), sample
 columns over the samples after the warm-up, ``rate(drops|stale|errors)`` as a fraction of
 the frames captured after the warm-up (``losses.count_losses``). A threshold whose column
-has no data is INVALID, never passed. The run's live ``ThresholdWatch``
-(``soakd/run/thresholds_watch.py``) judges ``abort_on_fail`` with the same functions.
+has no data is INVALID, never passed. The run's live early stop
+(``soakd/run/early_stop.py``, through ``criteria/thresholds.py: early_fail``) judges
+``abort_on_fail`` with the same functions.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from soakd.config import CriteriaSettings, Threshold
 if TYPE_CHECKING:
     from soakd.analysis.digest import FrameDigest
 
-#: the event the runner stores when an ``abort_on_fail`` threshold ended the run
+#: the event an older soakd stored when an ``abort_on_fail`` threshold ended the run (now:
+#: criteria.base.EARLY_STOP_EVENT)
 ABORT_EVENT = "threshold_abort"
 #: percentiles, averages and rates abort a run only once this many values (or captured
 #: frames, for a rate) are in, and never before ``criteria.min_frames``

@@ -36,7 +36,7 @@ from soakd.analysis.criteria import (
     thresholds,
     validity,
 )
-from soakd.analysis.criteria.base import Context
+from soakd.analysis.criteria.base import EARLY_STOP_EVENT, Context
 from soakd.analysis.criteria.jitter import resolve_jitter_k
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.digest import digest_run
@@ -117,8 +117,7 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
     for module in CRITERIA:
         ctx.results[_name(module)] = module.judge(ctx)
     results = [r for rs in ctx.results.values() for r in rs]
-    cut = ended_by_threshold(data, ctx.results["thresholds"])
-    status, code, reason = _overall(results, cut)
+    status, code, reason = _overall(results, ended_early(data, results))
     warnings = [w for r in results for w in r.warnings]
     v = Verdict(
         run_id=data.meta.run_id,
@@ -142,13 +141,31 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
     return v
 
 
+def ended_early(data: RunData, results: Sequence[CriterionResult]) -> CriterionResult | None:
+    """The criterion that ended this run early, when the judgement of everything stored
+    confirms it FAILs: the one an ``early_stop`` event names (``run.stop_on_fail``, an
+    ``abort_on_fail`` threshold), or for a run of an older soakd the failing abort_on_fail
+    threshold of its ``threshold_abort`` event. None otherwise: a run cut short and not
+    confirmed stays INVALID (aborted), never PASS."""
+    if data.meta.status != "aborted":
+        return None
+    named = [
+        (e.get("data") or {}).get("criterion")
+        for e in data.events
+        if e.get("kind") == EARLY_STOP_EVENT
+    ]
+    if named:
+        return next((r for r in results if r.criterion == named[0] and r.status == FAIL), None)
+    return ended_by_threshold(data, results)
+
+
 def _overall(
     results: Sequence[CriterionResult], cut: CriterionResult | None = None
 ) -> tuple[str, ExitCode, str]:
-    """INVALID beats FAIL beats PASS, except that a run ended early by its failing
-    abort_on_fail threshold ``cut`` is FAIL (the rest was cut short by that failure)."""
+    """INVALID beats FAIL beats PASS, except that a run ended early by a criterion ``cut``
+    that FAILs is FAIL (the rest was cut short by that failure)."""
     if cut is not None:
-        return OVERALL_FAIL, ExitCode.FAIL, f"{cut.criterion}: {cut.detail} (abort_on_fail)"
+        return OVERALL_FAIL, ExitCode.FAIL, f"{cut.criterion}: {cut.detail} (stopped early)"
     invalid = [r for r in results if r.status == INVALID]
     failed = [r for r in results if r.status == FAIL]
     if invalid:

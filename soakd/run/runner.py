@@ -32,12 +32,12 @@ from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResu
 from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Sample
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.drivers.concurrent import counters_for
+from soakd.run.early_stop import watch_early_stop
 from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
 from soakd.run.progress import Rolling
 from soakd.run.queue import StreamQueues
 from soakd.run.sink import FrameSink
-from soakd.run.thresholds_watch import watch_thresholds
 from soakd.sources import open_source
 from soakd.sources.audio import AudioSource, make_audio_source
 from soakd.sources.base import Source
@@ -163,7 +163,7 @@ class Run:
     ) -> None:
         self.settings = settings
         self.obs = Observers(
-            [*observers, *watch_thresholds(settings, self._event, self.request_stop)]
+            [*observers, *watch_early_stop(settings, self._event, self.request_stop)]
         )
         self.mode = mode
         self.max_frames = max_frames

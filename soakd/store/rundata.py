@@ -163,12 +163,17 @@ def load_emission_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np
 def load_events(
     conn: sqlite3.Connection, run_id: str, limit: int = 200
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The first ``limit`` events (t, kind, frame_id, message) and the count of each kind."""
+    """The first ``limit`` events (t, kind, frame_id, message, data: its JSON decoded, None
+    when there is none) and the count of each kind."""
     rows = conn.execute(
-        "SELECT t, kind, frame_id, message FROM events WHERE run_id = ? ORDER BY t, id LIMIT ?",
+        "SELECT t, kind, frame_id, message, data FROM events WHERE run_id = ?"
+        " ORDER BY t, id LIMIT ?",
         (run_id, limit),
     ).fetchall()
-    events = [{"t": r[0], "kind": r[1], "frame_id": r[2], "message": r[3]} for r in rows]
+    events = [
+        {"t": r[0], "kind": r[1], "frame_id": r[2], "message": r[3], "data": _json(r[4])}
+        for r in rows
+    ]
     counts = {
         str(r[0]): int(r[1])
         for r in conn.execute(
@@ -176,6 +181,13 @@ def load_events(
         )
     }
     return events, counts
+
+
+def _json(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
 
 
 def load_error_messages(

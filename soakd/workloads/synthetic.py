@@ -3,8 +3,9 @@ known truth.
 
 Stage times are real sleeps (mean ``pre_ms`` / ``infer_ms`` / ``decode_ms``, lognormal noise
 of relative sigma ``jitter``), or with ``cpu_bound`` that much of the thread's own CPU time,
-spun (a model computing on the CPU: slower in wall time when the host is loaded). ``spike_every`` makes every Nth frame's infer ``spike_ms``
-longer; ``drift_ms_per_min`` makes infer grow linearly with elapsed time. Memory is real:
+spun (a model computing on the CPU: slower in wall time when the host is loaded).
+``spike_every`` makes every Nth frame's infer ``spike_ms`` longer; ``drift_ms_per_min``
+makes infer grow linearly with elapsed time. Memory is real:
 ``leak_mb_per_min`` allocates, touches and keeps memory; ``sawtooth_mb`` allocates up to that
 size over ``sawtooth_period_s`` and releases it, repeatedly. ``error_every`` makes every Nth
 infer raise; with ``error_stream`` set, only that stream's frames raise (``run.streams``):

@@ -29,6 +29,62 @@ from soakd.analysis.model import (
 )
 from soakd.config import CriteriaSettings
 
+#: the event a run stores when a criterion that can no longer pass ends it early
+#: (``run.stop_on_fail``, or an ``abort_on_fail`` threshold); its data names the criterion
+EARLY_STOP_EVENT = "early_stop"
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyFail:
+    """A criterion that can no longer pass, found while the run goes: its id (as in the
+    verdict) and why."""
+
+    criterion: str
+    reason: str
+    by: str = "stop_on_fail"  # the setting that asked: run.stop_on_fail or abort_on_fail
+
+
+@dataclass(slots=True)
+class Live:
+    """What a run has shown so far, for the criteria's ``early_fail(live, crit)`` (the
+    running half of the protocol, soakd/run/early_stop.py): everything counted from the end
+    of the warm-up (``t0``, None until then) up to ``now``, against the planned end."""
+
+    planned_s: float  # run.duration: the planned end, seconds from the start
+    fps: float
+    streams: int
+    now: float = 0.0
+    t0: float | None = None
+    errors: int = 0  # measured frames that raised
+    dropped: int = 0  # frames dropped from the queue since t0
+    stale: int = 0  # frames skipped as stale since t0
+    ooms: int = 0  # OOM events, and the rise of the torch allocator's OOM counter
+    #: post-warm-up telemetry: "t" and the columns the criteria read
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    #: post-warm-up values of the columns the abort_on_fail thresholds name
+    values: dict[str, list[float]] = field(default_factory=dict)
+    rows: int = 0  # post-warm-up frame rows (dispatched or skipped)
+    #: a criterion's previous look, as a fraction of the planned run (alpha spending)
+    looked: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> int:
+        """Dropped and stale since t0: a lower bound of the losses the verdict counts."""
+        return self.dropped + self.stale
+
+    @property
+    def fraction(self) -> float:
+        """How much of the planned measured window has passed (0 before the warm-up ends)."""
+        if self.t0 is None or self.planned_s <= self.t0:
+            return 0.0
+        return min(max((self.now - self.t0) / (self.planned_s - self.t0), 0.0), 1.0)
+
+    def planned_ticks(self) -> float:
+        """The most ticks the measured window can have (every stream's, one more each for
+        the window's edges): a loss count over it is a floor of the final fraction."""
+        t0 = self.t0 if self.t0 is not None else 0.0
+        return self.streams * (self.fps * max(self.planned_s - t0, 0.0) + 1.0)
+
 
 @dataclass(slots=True)
 class Context:

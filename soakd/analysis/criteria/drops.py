@@ -11,6 +11,8 @@ import numpy as np
 from soakd.analysis import stats
 from soakd.analysis.criteria.base import (
     Context,
+    EarlyFail,
+    Live,
     trend_fields,
 )
 from soakd.analysis.losses import count_losses
@@ -21,6 +23,7 @@ from soakd.analysis.model import (
     RunData,
     age_window_s,
 )
+from soakd.config import CriteriaSettings
 
 
 def _loss_counters(
@@ -148,3 +151,17 @@ def judge_drops(ctx: Context) -> CriterionResult:
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return [judge_drops(ctx)]
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """Losses only add up: once those counted so far exceed ``max_drop_fraction`` of every
+    tick the planned run can have, the fraction cannot end under the limit (a run ended
+    now has fewer ticks, so a larger fraction)."""
+    most = live.planned_ticks()
+    if most > 0 and live.lost > crit.max_drop_fraction * most:
+        why = (
+            f"{live.lost} frames lost already, over {crit.max_drop_fraction:g} of the "
+            f"{most:.0f} ticks the whole run can have"
+        )
+        return EarlyFail("drops", why)
+    return None

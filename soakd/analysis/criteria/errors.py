@@ -6,12 +6,15 @@ from typing import Any
 
 from soakd.analysis.criteria.base import (
     Context,
+    EarlyFail,
+    Live,
 )
 from soakd.analysis.model import (
     FAIL,
     PASS,
     CriterionResult,
 )
+from soakd.config import CriteriaSettings
 
 
 def judge_errors(ctx: Context) -> CriterionResult:
@@ -45,3 +48,11 @@ def judge_errors(ctx: Context) -> CriterionResult:
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return [judge_errors(ctx)]
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """Errors only add up: past ``max_errors`` the criterion can no longer pass."""
+    if live.errors > crit.max_errors:
+        why = f"{live.errors} frame(s) raised after warm-up (max_errors {crit.max_errors})"
+        return EarlyFail("errors", why)
+    return None

@@ -12,6 +12,8 @@ import numpy as np
 from soakd.analysis import server, stats
 from soakd.analysis.criteria.base import (
     Context,
+    EarlyFail,
+    Live,
     call_trend,
     detectability,
     not_significant,
@@ -19,7 +21,9 @@ from soakd.analysis.criteria.base import (
     trend_fields,
     untested,
 )
+from soakd.analysis.data import make_run_data
 from soakd.analysis.model import (
+    FAIL,
     FLOOR_SLACK,
     INVALID,
     MEMORY_METRICS,
@@ -27,8 +31,10 @@ from soakd.analysis.model import (
     MIN_WINDOWS,
     PASS,
     CriterionResult,
+    RunMeta,
     floor_window_s,
 )
+from soakd.config import CriteriaSettings
 
 
 def sawtooth(t: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -185,3 +191,40 @@ def _memory_missing(
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return judge_memory(ctx)
+
+
+#: floor windows between two looks at the memory floors while a run goes (each look spends
+#: alpha; 20 s apart at the default 4 s window)
+LOOK_EVERY_WINDOWS = 5
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """A memory floor rising significantly above the tolerance at this look's share of
+    alpha: an O'Brien–Fleming spending function over the planned run
+    (``stats.look_alpha``), so a run stopped early FAILs no more often than a full one, by
+    the same rule (``judge_memory_metric``) on the samples so far."""
+    if live.t0 is None or live.fraction >= 1.0:
+        return None
+    prev = live.looked.get("memory", 0.0)
+    if (live.fraction - prev) * (
+        live.planned_s - live.t0
+    ) < LOOK_EVERY_WINDOWS * crit.floor_window_s:
+        return None
+    alpha = stats.look_alpha(crit.alpha, live.fraction, prev)
+    live.looked["memory"] = live.fraction
+    samples = {k: np.asarray(v, dtype=np.float64) for k, v in live.samples.items()}
+    data = make_run_data(RunMeta("live", fps=live.fps), samples=samples)
+    none = np.zeros(0, dtype=bool)
+    look = crit.model_copy(update={"alpha": alpha})
+    ctx = Context(data, look, live.t0, live.now, none, none, {}, {})
+    w, _note = floor_window_s(ctx.span, crit.floor_window_s)
+    for name, col, title in MEMORY_METRICS:
+        t, y = data.samples["t"], data.sample(col)
+        ok = np.isfinite(y)
+        if ok.sum() < 3:
+            continue
+        res = judge_memory_metric(ctx, name, title, t[ok], y[ok], w)
+        if res.status == FAIL:
+            at = f"alpha {alpha:.2g} at {live.fraction:.0%} of the run"
+            return EarlyFail(name, f"{res.detail}, significant at this look's {at}")
+    return None

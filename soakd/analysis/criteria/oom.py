@@ -6,12 +6,15 @@ import numpy as np
 
 from soakd.analysis.criteria.base import (
     Context,
+    EarlyFail,
+    Live,
 )
 from soakd.analysis.model import (
     FAIL,
     PASS,
     CriterionResult,
 )
+from soakd.config import CriteriaSettings
 
 
 def judge_oom(ctx: Context) -> CriterionResult:
@@ -42,3 +45,8 @@ def judge_oom(ctx: Context) -> CriterionResult:
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return [judge_oom(ctx)]
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """One out-of-memory error fails the criterion, whatever follows."""
+    return EarlyFail("oom", f"{live.ooms} out-of-memory error(s)") if live.ooms else None

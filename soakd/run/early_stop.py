@@ -1,0 +1,138 @@
+"""Ending a run as soon as a criterion can no longer pass: an observer over the running
+half of the criteria's protocol (``early_fail(live, crit)`` in soakd/analysis/criteria).
+
+It keeps what the criteria ask of a running run (``criteria.base.Live``: errors, drops and
+stale frames, OOMs and the telemetry since the end of the warm-up; the values of the
+``abort_on_fail`` thresholds' columns) and asks the criteria once a second, on the progress
+snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default false for
+``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
+``max_drop_fraction`` of every tick the planned run can have, a memory floor rising
+significantly at the alpha an O'Brien–Fleming spending function gives this look. The
+``abort_on_fail`` thresholds are asked always. The first that fails stores an
+``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
+criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
+INVALID, never PASS.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from soakd.analysis.criteria.base import EARLY_STOP_EVENT, EarlyFail, Live
+from soakd.analysis.model import MEMORY_METRICS
+from soakd.analysis.verdict import CRITERIA
+from soakd.config import CriteriaSettings, Settings
+from soakd.observers.base import Observer, Progress
+from soakd.records import Event, FrameRecord, Sample
+
+#: the telemetry columns the running criteria read
+_SAMPLE_COLUMNS = tuple(col for _, col, _ in MEMORY_METRICS)
+
+
+class EarlyStop(Observer):
+    """Asks ``criteria`` (modules with ``early_fail``) once a second; ``event`` stores an
+    event, ``stop(reason)`` ends the run."""
+
+    def __init__(
+        self,
+        live: Live,
+        crit: CriteriaSettings,
+        criteria: Sequence[ModuleType],
+        *,
+        event: Callable[[Event], None],
+        stop: Callable[[str], None],
+    ) -> None:
+        self.live, self.crit, self.criteria = live, crit, list(criteria)
+        self._event, self._stop = event, stop
+        watched = [t.parsed() for t in crit.thresholds if t.abort_on_fail]
+        self._frame_columns = {th.column for th in watched if th.source == "frames"}
+        self._sample_columns = {th.column for th in watched if th.source == "samples"}
+        self._base: dict[int, tuple[int, int]] = {}  # stream -> (drops, stale) at t0
+        self._last: dict[int, tuple[int, int]] = {}
+        self._ooms_at: float | None = None  # the torch OOM counter's first reading
+        self.fired: EarlyFail | None = None
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == "warmup_end" and self.live.t0 is None:
+            self.live.t0 = event.t
+        elif event.kind == "oom":
+            self.live.ooms += 1
+
+    def on_frame(self, rec: FrameRecord) -> None:
+        live, counts = self.live, (rec.drop_count, rec.stale_count)
+        if rec.warmup or live.t0 is None or rec.t_capture < live.t0:
+            self._base[rec.stream] = counts
+            return
+        self._last[rec.stream] = counts
+        live.dropped = sum(d - self._base.get(s, (0, 0))[0] for s, (d, _) in self._last.items())
+        live.stale = sum(x - self._base.get(s, (0, 0))[1] for s, (_, x) in self._last.items())
+        live.rows += 1
+        live.errors += rec.error is not None
+        if not rec.skipped:
+            for col in self._frame_columns:
+                v = getattr(rec, col, None)
+                if v is not None:
+                    live.values.setdefault(col, []).append(float(v))
+
+    def on_sample(self, sample: Sample) -> None:
+        self._torch_ooms(sample.values.get("torch_ooms"))
+        live = self.live
+        if live.t0 is None or sample.t < live.t0:
+            return
+        live.samples.setdefault("t", []).append(sample.t)
+        for col in _SAMPLE_COLUMNS:
+            v = sample.values.get(col)
+            live.samples.setdefault(col, []).append(math.nan if v is None else float(v))
+        for col in self._sample_columns:
+            v = sample.values.get(col)
+            if v is not None:
+                live.values.setdefault(col, []).append(float(v))
+
+    def _torch_ooms(self, v: Any) -> None:
+        if v is None:
+            return
+        if self._ooms_at is None:
+            self._ooms_at = float(v)
+        elif float(v) > self._ooms_at:
+            self.live.ooms = max(self.live.ooms, int(float(v) - self._ooms_at))
+
+    def on_progress(self, progress: Progress) -> None:
+        if self.fired or progress.warmup or self.live.t0 is None:
+            return
+        self.live.now = progress.elapsed_s
+        for module in self.criteria:
+            found = module.early_fail(self.live, self.crit)
+            if found is not None:
+                self.fired = found
+                reason = (
+                    found.reason
+                    if found.by == "abort_on_fail"
+                    else f"{found.criterion}: {found.reason} (run.stop_on_fail)"
+                )
+                data = {"criterion": found.criterion, "t": progress.elapsed_s}
+                self._event(
+                    Event(EARLY_STOP_EVENT, progress.elapsed_s, time.time(), reason, data=data)
+                )
+                self._stop(reason)
+                return
+
+
+def watch_early_stop(
+    settings: Settings, event: Callable[[Event], None], stop: Callable[[str], Any]
+) -> list[Observer]:
+    """An EarlyStop over the criteria that can end this run: the built-in ones with
+    ``run.stop_on_fail``, the thresholds when one is ``abort_on_fail``; none otherwise."""
+    crit, run = settings.criteria, settings.run
+    asked = [
+        m
+        for m in CRITERIA
+        if hasattr(m, "early_fail") and (run.stop_on_fail or m.__name__.endswith(".thresholds"))
+    ]
+    if not run.stop_on_fail and not any(t.abort_on_fail for t in crit.thresholds):
+        return []
+    live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams)
+    return [EarlyStop(live, crit, asked, event=event, stop=stop)]

@@ -1,0 +1,121 @@
+"""A run ends as soon as a criterion can no longer pass (``run.stop_on_fail``): real
+synthetic soaks with planted errors, drops and a leak stop early as FAIL with an
+``early_stop`` event naming the criterion; a healthy one runs its whole length; without the
+setting nothing stops; a stop the whole run's judgement does not confirm is never PASS."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soakd.analysis import judge
+from soakd.analysis.data import make_run_data
+from soakd.analysis.model import RunMeta
+from soakd.analysis.stats import look_alpha, obrien_fleming_spent
+from soakd.config import CriteriaSettings, Settings
+from soakd.run.runner import run_soak
+
+pytestmark = pytest.mark.slow
+
+
+def _soak(synthetic: Callable[..., Settings], *sets: str) -> tuple[Any, list[tuple[Any, ...]]]:
+    res = run_soak(synthetic("run.stop_on_fail=true", *sets))
+    with sqlite3.connect(synthetic().run.db) as conn:
+        events = conn.execute(
+            "SELECT kind, t, json_extract(data, '$.criterion') FROM events"
+            " WHERE kind = 'early_stop'"
+        ).fetchall()
+    return res, events
+
+
+def test_errors_past_their_budget_stop_the_run_at_the_next_look(synthetic) -> None:
+    """Every infer raising, max_errors 0: a 30 s run stops within a few seconds of the
+    warm-up, FAIL, its early_stop event and the verdict naming errors."""
+    res, events = _soak(synthetic, "run.duration=30", "workload.error_every=1")
+    assert res.status == "aborted" and res.duration_s < 8, res.reason
+    assert [e[2] for e in events] == ["errors"]
+    assert res.verdict.status == "FAIL" and int(res.exit_code) == 1
+    assert res.verdict.reason.startswith("errors: ") and "(stopped early)" in res.verdict.reason
+
+
+def test_drops_past_the_limit_of_the_planned_run_stop_it(synthetic) -> None:
+    """A 150 ms model at 20 fps loses most ticks: once the losses pass 1 % of every tick
+    the 30 s run can have, it stops, FAIL on drops."""
+    res, events = _soak(synthetic, "run.duration=30", "workload.infer_ms=150")
+    assert res.status == "aborted" and res.duration_s < 10, res.reason
+    assert [e[2] for e in events] == ["drops"]
+    assert res.verdict.status == "FAIL" and res.verdict.get("drops").status == "fail"
+
+
+def test_a_fast_leak_stops_the_run_at_a_look_that_has_spent_little_alpha(synthetic) -> None:
+    """600 MB/min planted, 0.25 s floor windows (a look every 1.25 s): the 40 s run stops
+    at under half its length, FAIL on memory_rss, the event naming it."""
+    res, events = _soak(
+        synthetic,
+        "run.duration=40",
+        "workload.leak_mb_per_min=600",
+        "criteria.floor_window_s=0.25",
+        "criteria.max_memory_growth_mb_per_min=5",
+    )
+    assert res.status == "aborted" and res.duration_s < 20, res.reason
+    assert [e[2] for e in events] == ["memory_rss"]
+    assert res.verdict.status == "FAIL" and res.verdict.get("memory_rss").status == "fail"
+
+
+def test_a_healthy_run_with_stop_on_fail_runs_its_whole_length(synthetic) -> None:
+    """Nothing planted: the run completes, no early_stop event, PASS."""
+    res, events = _soak(synthetic, "run.duration=4")
+    assert res.status == "completed" and events == []
+    assert res.verdict.status == "PASS", res.verdict.reason
+
+
+def test_without_stop_on_fail_a_failing_run_runs_its_whole_length(synthetic) -> None:
+    """Every infer raising, run.stop_on_fail unset (the plain ``soakd run`` default): the
+    run completes its 4 s, errors FAIL, and no early_stop event is stored."""
+    res = run_soak(synthetic("run.duration=4", "workload.error_every=1"))
+    assert res.status == "completed" and res.duration_s >= 3.9
+    assert res.verdict.get("errors").status == "fail"
+    with sqlite3.connect(synthetic().run.db) as conn:
+        sql = "SELECT count(*) FROM events WHERE kind = 'early_stop'"
+        assert conn.execute(sql).fetchone()[0] == 0
+
+
+def test_an_early_stop_the_whole_run_does_not_confirm_is_invalid_never_pass() -> None:
+    """A run aborted by an early_stop event naming errors whose stored frames raised none:
+    the verdict is INVALID (the run was cut short), not PASS."""
+    t = [i * 0.05 for i in range(400)]
+    data = make_run_data(
+        RunMeta("r", status="aborted", reason="errors: ... (run.stop_on_fail)", fps=20.0,
+                duration_s=20.0),
+        frames={"t_capture": t, "total_ms": [10.0] * 400, "infer_ms": [8.0] * 400},
+        samples={"t": t, "rss_bytes": [1e8] * 400},
+        events=[{"t": 0.0, "kind": "warmup_end", "message": ""},
+                {"t": 19.0, "kind": "early_stop", "message": "", "data": {"criterion": "errors"}}],
+    )  # fmt: skip
+    v = judge(data, CriteriaSettings(min_duration_s=1, min_frames=5))
+    assert v.get("errors").status == "pass"
+    assert v.status == "INVALID"
+
+
+def test_the_looks_never_spend_more_than_alpha_however_many_there_are() -> None:
+    """O'Brien–Fleming spending: nothing at the start, alpha at the planned end, and the
+    looks' alphas (each the spending between two looks) add up to what was spent: a run
+    looked at 1000 times still risks a false early FAIL of at most alpha."""
+    assert obrien_fleming_spent(0.01, 0.0) == 0.0
+    assert obrien_fleming_spent(0.01, 1.0) == pytest.approx(0.01)
+    assert obrien_fleming_spent(0.01, 0.5) < 0.001  # an early look spends almost nothing
+    looks = [i / 1000 for i in range(1001)]
+    spent = sum(look_alpha(0.01, b, a) for a, b in itertools.pairwise(looks))
+    assert spent == pytest.approx(0.01)
+
+
+def test_plain_settings_default_to_running_the_whole_length(tmp_path: Path) -> None:
+    """``run.stop_on_fail`` is false unless set."""
+    from soakd.config import load_settings
+
+    assert load_settings().run.stop_on_fail is False
