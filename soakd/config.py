@@ -1116,11 +1116,30 @@ def known_keys(model: type[BaseModel] | None = None, prefix: str = "") -> frozen
 
 
 def _did_you_mean(path: str) -> str:
-    """`` (did you mean run.fps?)`` for an unknown key close to a known one in its section."""
+    """`` (did you mean run.fps?)`` for an unknown key close to a known one in its section;
+    for a key another kind of the section has (``workload.dtype`` on a synthetic workload),
+    the kinds that have it."""
+    if path in known_keys():
+        kinds = _kinds_with(path)
+        top = path.partition(".")[0]
+        return f" (a key of {top} kinds {', '.join(kinds)}; not of this one)" if kinds else ""
     section = path.rpartition(".")[0]
     same = [k for k in known_keys() if k.rpartition(".")[0] == section]
     near = difflib.get_close_matches(path, same, n=1, cutoff=0.75)
     return f" (did you mean {near[0]}?)" if near else ""
+
+
+def _kinds_with(path: str) -> list[str]:
+    """The ``kind`` of each model of the section that has the key (workload kinds)."""
+    top, _, rest = path.partition(".")
+    field = Settings.model_fields.get(top)
+    if field is None or "." in rest:
+        return []
+    return sorted(
+        str(m.model_fields["kind"].default)
+        for m in _models_in(field.annotation)
+        if rest in m.model_fields and "kind" in m.model_fields
+    )
 
 
 def _format_error(err: ValidationError) -> str:

@@ -93,6 +93,8 @@ def test_bad_values_name_the_key_path(overrides: list[str], message: str) -> Non
         ("criteria.min_duraton_s", " (did you mean criteria.min_duration_s?)"),
         ("workload.infer_mss", " (did you mean workload.infer_ms?)"),
         ("run.zzz", ""),  # nothing close: no guess
+        # a key of other workload kinds: those kinds, never itself as the guess
+        ("workload.dtype", " (a key of workload kinds av, hf, session, tiny-vlm; not of this one)"),
     ],
 )
 def test_an_unknown_key_close_to_a_known_one_says_which_it_may_be(key: str, hint: str) -> None:
