@@ -3,11 +3,12 @@
 ``start_exporter("127.0.0.1:9464")`` serves ``/metrics`` from its own ``CollectorRegistry``
 on a named thread (``soakd-metrics``); ``MetricsObserver`` fills that registry from the
 runner's hooks. Everything is in base units (``_seconds``, ``_bytes``, ``_total``, ratios
-0..1) and labelled with ``run`` (run id), ``config`` (config hash) and ``gpu`` (GPU name, or
-``none``), then the run's own labels (``[run.labels]`` / ``--label``, e.g. ``release``) in
-name order, so that one Prometheus can watch many ``soakd@`` units across GPU hosts and a
-dashboard can select ``release="1.4.0"``. Run labels are constant for a run, so they add no
-series beyond the run's own; the host is Prometheus's ``instance`` label, not soakd's.
+0..1) and labelled with ``run`` (run id), ``config`` (config hash) and ``modelName`` (the
+GPU model, as dcgm-exporter names it, or ``none``), then the run's own labels
+(``[run.labels]`` / ``--label``, e.g. ``release``) in name order, so that one Prometheus can
+watch many ``soakd@`` units across GPU hosts and a dashboard can select ``release="1.4.0"``.
+Run labels are constant for a run, so they add no series beyond the run's own; the host is
+Prometheus's ``instance`` label, not soakd's.
 
 Metric                                           type       extra labels
 -----------------------------------------------  ---------  ----------------------------
@@ -56,7 +57,7 @@ A run that samples several GPUs (``run.gpus``) exports the ``soakd_gpu_device_*`
 one per GPU, whose ``gpu`` label is the GPU's NVML index and ``UUID`` its UUID, spelled as
 NVIDIA's dcgm-exporter spells them (``DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-..."}``), so
 the two join in PromQL: ``soakd_gpu_device_memory_used_bytes * on(UUID) group_left
-DCGM_FI_DEV_GPU_UTIL``. (On every other series ``gpu`` is the run's GPU name, as before.)
+DCGM_FI_DEV_GPU_UTIL``. No other series has a ``gpu`` label; they carry ``modelName``.
 """
 
 from __future__ import annotations
