@@ -2,20 +2,24 @@
 # Install soakd from this checkout for soakd@.service:
 #   PREFIX/venv            a virtualenv with soakd (pip install .) and torch
 #   BINDIR/soakd           a link to PREFIX/venv/bin/soakd (the unit's ExecStart)
-#   UNITDIR/soakd@.service the template unit (ExecStart follows BINDIR)
+#   UNITDIR/soakd@.service the template unit (ExecStart follows BINDIR; SOAKD_CONFIG and
+#                          both EnvironmentFile= lines follow CONFDIR)
 #   CONFDIR/soakd.env      the example environment (kept if already there)
 #   SYSUSERSDIR/soakd.conf the soakd system user and group (created with systemd-sysusers)
 #
 #   sudo systemd/install.sh                       # /opt/soakd, /usr/local/bin, /etc/...
 #   systemd/install.sh --root /tmp/trial          # every path under /tmp/trial
+#   grep -E '^(ExecStart|Environment|EnvironmentFile)=' /tmp/trial/etc/systemd/system/soakd@.service
 #
 # Options (or the environment variable named in capitals; an option wins):
 #   --root DIR        prefix every path below (a trial or staging install; the venv is not
-#                     relocatable, so the link and the venv's scripts point inside DIR)
+#                     relocatable, so the link and the venv's scripts point inside DIR; the
+#                     unit names the paths without DIR, as the host will see them)
 #   --prefix DIR      venv parent (PREFIX, default /opt/soakd)
 #   --bindir DIR      link folder (BINDIR, default /usr/local/bin)
 #   --unitdir DIR     unit folder (UNITDIR, default /etc/systemd/system)
-#   --confdir DIR     environment folder (CONFDIR, default /etc/soakd)
+#   --confdir DIR     config folder (CONFDIR, default /etc/soakd): the installed unit runs
+#                     CONFDIR/NAME.toml and reads CONFDIR/soakd.env, CONFDIR/NAME.env
 #   --sysusersdir DIR sysusers.d folder (SYSUSERSDIR, default /usr/lib/sysusers.d)
 #   --python PY       the Python that creates the venv (PYTHON, default python3)
 #   --reuse-site-packages
@@ -46,6 +50,16 @@ while [ $# -gt 0 ]; do
 done
 command -v "$PYTHON" >/dev/null || die "--python: $PYTHON not found"
 ROOT=${ROOT%/}
+# the unit names BINDIR and CONFDIR: systemd wants absolute paths, splits on whitespace
+# and expands % (specifiers)
+for name in BINDIR CONFDIR; do
+  dir=${!name} opt="--$(echo "$name" | tr A-Z a-z) ($name)"
+  case "$dir" in /*) ;; *) die "$opt must be an absolute path, got '$dir'" ;; esac
+  case "$dir" in
+    *[[:space:]%\\\|\&]*) die "$opt may not contain whitespace, %, \\, | or &, got '$dir'" ;;
+  esac
+  [ "$dir" = / ] || printf -v "$name" '%s' "${dir%/}"
+done
 VENV=$ROOT$PREFIX/venv
 
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
@@ -84,7 +98,9 @@ make_venv() {
 install_files() {
   install -d "$ROOT$BINDIR" "$ROOT$UNITDIR" "$ROOT$CONFDIR" "$ROOT$SYSUSERSDIR"
   ln -sfn "$VENV/bin/soakd" "$ROOT$BINDIR/soakd"
-  sed "s|^ExecStart=/usr/local/bin/soakd |ExecStart=$BINDIR/soakd |" \
+  # one setting: the unit reads the folder install.sh fills (CONFDIR, without ROOT)
+  sed -e "s|^ExecStart=/usr/local/bin/soakd |ExecStart=$BINDIR/soakd |" \
+    -e "s|/etc/soakd/|$CONFDIR/|g" \
     "$SRC/systemd/soakd@.service" > "$ROOT$UNITDIR/soakd@.service"
   chmod 0644 "$ROOT$UNITDIR/soakd@.service"
   [ -e "$ROOT$CONFDIR/soakd.env" ] || install -m 0644 "$SRC/systemd/soakd.env" "$ROOT$CONFDIR/soakd.env"

@@ -1,5 +1,6 @@
 """systemd/install.sh, run for real into temporary folders: the venv, the BINDIR link the
-unit's ExecStart names, the unit, the example environment and the soakd user. The venv
+unit's ExecStart names, the unit (reading the CONFDIR it installs into), the example
+environment and the soakd user. The venv
 reuses this venv's packages (``--reuse-site-packages``: ``pip install --no-deps``, offline)
 so that an install takes seconds."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_systemd_unit import needs_analyze
+from tests.test_systemd_unit import UNIT, needs_analyze, parse_unit
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "systemd" / "install.sh"
@@ -124,3 +125,46 @@ def test_unknown_option_is_a_one_line_usage_error() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "install.sh: error: unknown option --prefx (see --help)"
+
+
+def test_default_install_is_the_shipped_unit_unchanged(rooted: Path) -> None:
+    """With the default BINDIR and CONFDIR the installed unit is systemd/soakd@.service byte
+    for byte (--root prefixes where it goes, never what it names)."""
+    installed = rooted / "etc/systemd/system/soakd@.service"
+    assert installed.read_text() == UNIT.read_text()
+
+
+def test_installed_unit_reads_the_confdir_install_fills(tmp_path: Path) -> None:
+    """--root TMP --confdir X: the env file lands in TMP/X, and the installed unit runs
+    X/NAME.toml and reads X/soakd.env and X/NAME.env; /etc/soakd is nowhere in it."""
+    confdir = "/srv/soak-conf"
+    proc = install("--root", str(tmp_path), "--confdir", f"{confdir}/", "--no-user")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / confdir.lstrip("/") / "soakd.env").is_file()
+    text = (tmp_path / "etc/systemd/system/soakd@.service").read_text()
+    service = parse_unit(text)["Service"]
+    assert f"SOAKD_CONFIG={confdir}/%i.toml" in service["Environment"]
+    assert service["EnvironmentFile"] == [f"-{confdir}/soakd.env", f"-{confdir}/%i.env"]
+    assert "/etc/soakd" not in text
+    assert f"{confdir}/NAME.toml" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "needle"),
+    [
+        ("--confdir", "etc/soakd", "--confdir (CONFDIR) must be an absolute path"),
+        ("--confdir", "/etc/soak d", "--confdir (CONFDIR) may not contain whitespace"),
+        ("--confdir", "/etc/soakd%i", "--confdir (CONFDIR) may not contain whitespace, %"),
+        ("--bindir", "bin", "--bindir (BINDIR) must be an absolute path"),
+    ],
+)
+def test_a_confdir_or_bindir_the_unit_cannot_name_is_a_usage_error(
+    tmp_path: Path, option: str, value: str, needle: str
+) -> None:
+    """A folder systemd cannot take in the unit (relative, with whitespace or a %) exits 2
+    with one line naming the option, before anything is installed."""
+    proc = install("--root", str(tmp_path), option, value, "--no-user")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"install.sh: error: {needle}"), lines
+    assert list(tmp_path.iterdir()) == []

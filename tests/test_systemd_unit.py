@@ -83,6 +83,18 @@ def test_instance_selects_config_and_binary(unit: dict[str, dict[str, list[str]]
     assert _one(unit, "ExecStart").startswith(f"{INSTALLED_BIN} run ${{SOAKD_CONFIG}} ")
 
 
+def test_config_and_environment_files_live_in_install_sh_confdir(
+    unit: dict[str, dict[str, list[str]]],
+) -> None:
+    """SOAKD_CONFIG and both EnvironmentFile= lines name one folder, the CONFDIR default of
+    systemd/install.sh (which rewrites that folder when given --confdir)."""
+    script = (UNIT.parent / "install.sh").read_text()
+    confdir = script.split("CONFDIR=${CONFDIR:-", 1)[1].split("}", 1)[0]
+    config = [e for e in unit["Service"]["Environment"] if e.startswith("SOAKD_CONFIG=")]
+    paths = [config[0].removeprefix("SOAKD_CONFIG="), *unit["Service"]["EnvironmentFile"]]
+    assert {os.path.dirname(p.removeprefix("-")) for p in paths} == {confdir}, paths
+
+
 def test_watchdog_timeouts_and_no_restart(unit: dict[str, dict[str, list[str]]]) -> None:
     """Watchdog on, long start timeout, runtime cap, no restart, SIGTERM with a stop timeout."""
     assert _one(unit, "WatchdogSec") == "3min"
