@@ -1,14 +1,19 @@
 """Rich terminal tables for ``soakd profile`` and ``soakd sweep`` (on a terminal, instead of
-their Markdown). The numbers are the same ones the Markdown shows."""
+their Markdown; the numbers are the same ones the Markdown shows), and ``IdListing``: a
+listing of runs that never cuts a run id, whatever the terminal's width."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from soakd.records import STAGES
+from soakd.report.console import natural_width
 from soakd.studies.profiling import ProfileResult
 from soakd.studies.sweep import SweepResult
 
@@ -75,3 +80,45 @@ def sweep_tables(r: SweepResult) -> list[Any]:
         row += [_mb(p.peak_rss_bytes), "–" if p.out_tokens is None else f"{p.out_tokens:g}"]
         t.add_row(*row)
     return [t, Text(r.summary), Text(f"times in ms; knee rule: {r.knee_rule}")]
+
+
+class IdListing:
+    """Records whose first field is an id people copy (a run id, into ``soakd show RUN_ID``),
+    laid out for the width they are rendered at with nothing cut: one table row per record
+    when the whole table fits; narrower, one block per record, the id whole on a line of its
+    own, then the other fields as ``head value`` (``-`` left out) apart by `` · ``, wrapped
+    at word boundaries."""
+
+    def __init__(self, heads: Sequence[str]) -> None:
+        self.heads = tuple(heads)
+        self.rows: list[tuple[str, ...]] = []
+
+    def add_row(self, *cells: str) -> None:
+        """One record: its id, then a text for each of the other heads."""
+        self.rows.append(cells)
+
+    def table(self) -> Table:
+        """Every record as a table row (texts as they are: no markup)."""
+        t = Table()
+        t.add_column(self.heads[0], no_wrap=True)
+        for head in self.heads[1:]:
+            t.add_column(head)
+        for cells in self.rows:
+            t.add_row(*(Text(c) for c in cells))
+        return t
+
+    def blocks(self) -> list[RenderableType]:
+        """Every record as its id in bold, then its fields indented under it."""
+        out: list[RenderableType] = []
+        for cells in self.rows:
+            pairs = zip(self.heads[1:], cells[1:], strict=True)
+            fields = " · ".join(f"{head} {v}" for head, v in pairs if v != "-")
+            out += [Text(cells[0], style="bold"), Padding(Text(fields), (0, 0, 0, 2))]
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = self.table()
+        if natural_width(console, options, table) <= options.max_width:
+            yield table
+        else:
+            yield from self.blocks()
