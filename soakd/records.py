@@ -247,5 +247,6 @@ SAMPLE_METRICS: tuple[str, ...] = (
     "server_gpu_mem_bytes",
     "host_cpu_pct",
     "host_steal_pct",
+    "host_load1",
     "host_run_queue",
 )

@@ -24,8 +24,8 @@ from soakd.analysis import (
     make_run_data,
     stats,
 )
-from soakd.analysis.model import age_window_s, floor_window_s
 from soakd.analysis.criteria.jitter import DEFAULT_JITTER_K, HISTORY_MARGIN, resolve_jitter_k
+from soakd.analysis.model import age_window_s, floor_window_s
 from soakd.config import CriteriaSettings, Settings, load_settings
 from soakd.errors import ExitCode
 from soakd.store import db as store
