@@ -1,0 +1,100 @@
+"""How much soak time ``run.stop_on_fail`` saves, and what it costs: each planted fault of
+bench/planted.py soaked twice through the real CLI, the whole planned length and with
+``run.stop_on_fail = true``, and healthy soaks (different seeds) with it. The table gives
+each pair's verdicts (they must agree), how long each ran and the criterion that stopped
+the run; then the healthy seeds, each of which must run its whole length and PASS (a false
+early stop would be a FAIL a full run would not have given). docs/benchmarks.md quotes it.
+
+    .venv/bin/python -m bench.early_stop               # 40 s runs, 3 at a time (~5 min)
+    .venv/bin/python -m bench.early_stop --duration 60 --seeds 20
+
+Exits 1 when a pair's verdicts differ or a healthy seed stopped early or did not PASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.planted import BASE, FAULTS, REPO
+from soakd.environment import cpu_model
+
+#: the planted faults of bench/planted.py that end in FAIL within a soak's length
+FAULT_NAMES = ("leak", "leak-under-sawtooth", "overload", "errors", "slowing-model", "backlog")
+
+
+def _run(name: str, sets: tuple[str, ...], duration: float, db: Path) -> dict[str, Any]:
+    args = [a for kv in (*BASE, *sets) for a in ("--set", kv)]
+    cmd = [sys.executable, "-m", "soakd", "run", "--no-live", "--db", str(db),
+           "--duration", f"{duration:g}", *args]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=duration * 4)
+    with sqlite3.connect(db) as conn:
+        rid, verdict, dur = conn.execute(
+            "SELECT id, verdict, duration_s FROM runs ORDER BY started_unix DESC LIMIT 1"
+        ).fetchone()
+        stop = conn.execute(
+            "SELECT json_extract(data, '$.criterion'), t FROM events WHERE run_id = ?"
+            " AND kind = 'early_stop'",
+            (rid,),
+        ).fetchone()
+    return {"name": name, "verdict": verdict, "exit": proc.returncode, "duration_s": dur,
+            "stopped_by": stop[0] if stop else None}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=40.0, help="planned seconds a run")
+    ap.add_argument("--seeds", type=int, default=10, help="healthy soaks with stop_on_fail")
+    a = ap.parse_args(argv)
+    faults = [f for f in FAULTS if f.name in FAULT_NAMES]
+    jobs: list[tuple[str, tuple[str, ...]]] = []
+    for f in faults:
+        jobs += [
+            (f"{f.name}|fixed", f.settings),
+            (f"{f.name}|early", (*f.settings, "run.stop_on_fail=true")),
+        ]
+    for seed in range(a.seeds):
+        jobs.append((f"healthy-{seed}|early", ("workload.jitter=0.1", f"workload.seed={seed}",
+                                                 "run.stop_on_fail=true")))  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(3) as pool:
+        rows = list(pool.map(
+            lambda j: _run(j[0], j[1], a.duration, Path(tmp) / f"{j[0].replace('|', '-')}.db"),
+            jobs,
+        ))  # fmt: skip
+    by = {r["name"]: r for r in rows}
+    print(f"CPU: {cpu_model()}; planned {a.duration:g} s a run\n")
+    print("| planted fault | verdict, whole length | verdict, stop_on_fail | ran | stopped by |")
+    print("|---|---|---|---:|---|")
+    bad, ratios = 0, []
+    for f in faults:
+        fx, ea = by[f"{f.name}|fixed"], by[f"{f.name}|early"]
+        same = fx["verdict"] == ea["verdict"]
+        bad += not same
+        ratio = ea["duration_s"] / fx["duration_s"]
+        ratios.append(ratio)
+        print(f"| {f.name} | {fx['verdict']} | {ea['verdict']}{'' if same else ' **differs**'} "
+              f"| {ea['duration_s']:.1f} s of {fx['duration_s']:.1f} s ({ratio:.0%}) "
+              f"| {ea['stopped_by'] or '-'} |")  # fmt: skip
+    print(
+        f"\nmedian time to the verdict with stop_on_fail: {statistics.median(ratios):.0%} of"
+        " the whole length"
+    )
+    healthy = [r for r in rows if r["name"].startswith("healthy-")]
+    false_stops = [r for r in healthy if r["stopped_by"]]
+    not_pass = [r for r in healthy if r["verdict"] != "PASS"]
+    print(
+        f"healthy seeds: {len(healthy)}; stopped early: {len(false_stops)}; "
+        f"not PASS: {len(not_pass)} {[(r['name'], r['verdict']) for r in not_pass]}"
+    )
+    return 1 if bad or false_stops or not_pass else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
