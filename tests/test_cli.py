@@ -7,6 +7,7 @@ import os
 import pty
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from soakd.cli import app
 from soakd.cli.output import write_output
 from soakd.studies.profiling import held_fixed
 
-from .conftest import SYNTH_CLI, run_cli, soakd_cmd
+from .conftest import REPO, SYNTH_CLI, run_cli, soakd_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -405,11 +406,14 @@ def test_profile_on_a_terminal_is_a_rich_table_and_markdown_when_piped(tmp_path:
 
 
 def test_sweep_on_a_terminal_is_a_rich_table(tmp_path: Path) -> None:
-    """On a terminal `sweep` draws one table row per value and prints its summary line."""
+    """On a terminal `sweep` draws one table row per value and prints its summary line and
+    the notes saying why a peak memory cell is empty."""
     vary = ("--vary", "workload.infer_ms=1,2", "--frames", "3")
     tty = _on_a_terminal("sweep", *vary, "--db", str(tmp_path / "s.db"), *SYNTH_CLI)
     assert "━" in tty and "total p50" in tty and "|---|" not in tty
     assert "no knee found" in tty or "knee at" in tty
+    # a few 1-2 ms frames fall between two telemetry samples: the dash in peak RSS says why
+    assert "note: peak RSS and GPU – at workload.infer_ms=" in tty
 
 
 def test_profile_shows_the_effective_min_new_tokens() -> None:
@@ -417,3 +421,31 @@ def test_profile_shows_the_effective_min_new_tokens() -> None:
     wl = {"max_new_tokens": 8, "min_new_tokens": None, "prompt": "p"}
     assert held_fixed({"workload": wl})["min_new_tokens"] == 8
     assert held_fixed({"workload": {**wl, "min_new_tokens": 3}})["min_new_tokens"] == 3
+
+
+def test_the_library_logs_to_stderr_never_stdout(tmp_path: Path) -> None:
+    """`run_soak` called from a program (no CLI to configure logging) writes its log lines
+    to stderr; the program's stdout stays its own: empty here."""
+    overrides = [*_LIB_SETS, f"run.db={str(tmp_path / 'l.db')!r}"]
+    code = (
+        "from soakd.config import load_settings\n"
+        "from soakd.run.runner import run_soak\n"
+        f"s = load_settings(overrides={overrides!r})\n"
+        "assert run_soak(s).run_id\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout == ""
+    assert "run started" in p.stderr and "run ended" in p.stderr
+
+
+_LIB_SETS = [
+    "workload.kind=synthetic",
+    "run.duration=1",
+    "run.fps=20",
+    "run.warmup_s=0.2",
+    "run.log_every=0",
+    "criteria.min_duration_s=1",
+]

@@ -432,3 +432,36 @@ def test_to_html_is_one_page_with_percentiles_config_diff_and_criteria(
     assert f"<td>{_fmt_pct(p50.change_pct)}</td><td>{escape(_fmt_p(p50.p))}</td>" in page
     assert "<td>workload.infer_ms</td><td>20.00</td><td>30.00</td>" in page
     assert "<td>errors</td><td>pass</td><td>fail</td>" in page
+
+
+@pytest.mark.slow
+def test_compare_counts_the_frames_the_verdict_measured_and_prints_percentiles_once(
+    tmp_path: Path,
+) -> None:
+    """On a real soak whose workload raises on every 7th frame, `compare -f json` says as
+    many measured frames as the verdict's run criterion (post-warm-up, errors included);
+    `-f md` shows each stage percentile and max once, in the stage table, and the metrics
+    table keeps drops and memory."""
+    db = tmp_path / "c.db"
+    sets = ["workload.kind=synthetic", "workload.error_every=7", "run.log_every=0",
+            "run.warmup_s=0.5", "criteria.min_duration_s=1"]  # fmt: skip
+    args = [x for kv in sets for x in ("--set", kv)]
+    p = run_cli("run", "--db", str(db), "--duration", "2", "--fps", "20", "--no-live", *args)
+    assert p.returncode in (0, 1, 3), p.stderr[-2000:]
+    report = json.loads(run_cli("report", "--latest", "-f", "json", "--db", str(db)).stdout)
+    (run,) = [c for c in report["criteria"] if c["criterion"] == "run"]
+    rid = report["run"]["id"]
+    cmp = run_cli("compare", rid, rid, "-f", "json", "--db", str(db))
+    doc = json.loads(cmp.stdout)
+    sql = "SELECT count(*) FROM frames WHERE run_id = ? AND warmup = 0 AND error IS NOT NULL"
+    (errors,) = store.connect(db).execute(sql, (rid,)).fetchone()
+    assert errors > 0 and run["evidence"]["measured_frames"] > errors
+    assert doc["run_a"]["measured_frames"] == run["evidence"]["measured_frames"]
+    md = run_cli("compare", rid, rid, "--db", str(db)).stdout
+    assert f"| measured frames | {run['evidence']['measured_frames']} |" in md
+    for stage in ("grab", "pre", "infer", "decode", "total", "frame_age"):
+        for qn in ("p50", "p95", "p99", "max") if stage != "frame_age" else ("p50", "p95", "p99"):
+            assert md.count(f"| {stage} | {qn} |") == 1, (stage, qn)
+            assert f"| {stage}_ms.{qn} |" not in md, (stage, qn)
+    assert "| drop_fraction |" in md and "| rss.floor_slope |" in md
+    assert md_tables_consistent(md) == 4  # runs, stages, metrics, criteria: no config diff

@@ -201,6 +201,18 @@ set = ["run.seed=3", "run.warmup_s=3"]
     assert s.run.labels == {"team": "a", "release": "1.4.0", "plan": "p", "cell": "c"}
 
 
+def test_a_cell_stops_on_its_first_failure_unless_a_layer_says_otherwise(tmp_path: Path) -> None:
+    """Under a plan ``run.stop_on_fail`` defaults to true (GPU hours are the plan's cost);
+    a base config, the plan's set or the caller setting it false keeps it false."""
+    base = write_plan(tmp_path, '[workload]\nkind = "synthetic"\n', "base.toml")
+    plan = load_plan(write_plan(tmp_path, '[plan]\nname = "p"\nconfig = "base.toml"\n'
+                                '[matrix]\n"run.fps" = [2]\n'))  # fmt: skip
+    assert plan.settings(plan.cells[0]).run.stop_on_fail is True
+    assert plan.settings(plan.cells[0], ["run.stop_on_fail=false"]).run.stop_on_fail is False
+    base.write_text('[run]\nstop_on_fail = false\n[workload]\nkind = "synthetic"\n')
+    assert plan.settings(plan.cells[0]).run.stop_on_fail is False
+
+
 def test_a_cell_is_found_by_index_or_name_else_a_clear_error(tmp_path: Path) -> None:
     plan = load_plan(write_plan(tmp_path, RELEASE))
     assert plan.cell("3").name == "fps=4.5,infer_ms=25"
@@ -266,17 +278,35 @@ def test_a_label_contradicting_the_plan_is_a_usage_error(
 
 def test_plan_run_soaks_every_cell_with_the_plan_labels(tmp_path: Path) -> None:
     """A matrix cell and a planted failing one: two stored runs labelled plan/cell/release,
-    a line each with the stored verdict, a table, and the worst cell's exit code: 1."""
+    one line each (cell, stored verdict, the criteria that did not pass, run id, duration,
+    exit code) and no per-cell verdict or stage table, then the summary table; the worst
+    cell's exit code: 1."""
     db = tmp_path / "soakd.db"
     plan = write_plan(tmp_path, TWO_CELLS.replace("[5.0, 10.0]", "[5.0]") + PLANTED_FAIL)
     out = run_cli("plan", "run", str(plan), "--db", str(db), *SHORT)
     runs = find_runs(conn_of(db), labels={"plan": "two", "release": "1.4.0"})
     assert [r.labels["cell"] for r in runs] == ["infer_ms=5", "planted-fail"], out.stderr[-2000:]
+    conn = conn_of(db)
     for i, r in enumerate(runs):
-        line = f"cell {i} ({r.labels['cell']}): run {r.id} {r.verdict} (exit {r.exit_code})"
-        assert line in out.stdout
+        bad = [
+            c
+            for (c,) in conn.execute(
+                "SELECT criterion FROM verdicts WHERE run_id = ? AND status = ? ORDER BY rowid",
+                (r.id, "fail" if r.verdict == "FAIL" else "invalid"),
+            )
+        ]
+        failing = f" ({', '.join(bad)})" if bad and r.verdict != "PASS" else ""
+        took = f"{r.duration_s:.1f} s"
+        line = (
+            f"soakd: plan two: cell {i} ({r.labels['cell']}): {r.verdict}{failing}, "
+            f"run {r.id}, {took} (exit {r.exit_code})"
+        )
+        assert line in out.stdout.splitlines(), out.stdout
+        assert bad or r.verdict == "PASS"
     assert runs[1].verdict == "FAIL" and out.returncode == 1
     assert "plan two: 2 cells: " in out.stdout
+    assert "criterion" not in out.stdout and "infer" not in out.stdout.replace("infer_ms", "")
+    assert "soakd show RUN_ID" in out.stdout
 
 
 def test_cell_runs_only_that_cell(tmp_path: Path) -> None:

@@ -321,3 +321,35 @@ def test_sweep_of_the_real_tiny_model_over_input_sizes(tmp_path: Path) -> None:
     json.loads(r.to_json())
     assert md_tables_consistent(r.to_markdown()) == 1
     ET.fromstring(r.to_svg())
+
+
+@pytest.mark.slow
+def test_a_peak_memory_dash_says_why(tmp_path: Path) -> None:
+    """A point whose frames all ran inside one telemetry interval has no peak RSS: the
+    sweep's Markdown and JSON say so, naming the point and the interval; a point long
+    enough to be sampled gets its peak, and a CPU workload's missing GPU peak is named."""
+    base = ["--db", str(tmp_path / "s.db"), "--set", "workload.kind=synthetic"]
+    vary = ["--vary", "workload.infer_ms=1,450", "--frames", "3"]
+    sets = ["--set", "run.sample_interval_ms=1000"]
+    r = subprocess.run(
+        [sys.executable, "-m", "soakd", "sweep", *vary, *base, *sets, "-f", "json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    fast, slow = d["points"]
+    assert fast["peak_rss_bytes"] is None and slow["peak_rss_bytes"] > 0
+    assert d["notes"][0].startswith("peak RSS and GPU – at workload.infer_ms=1: no telemetry")
+    assert "run.sample_interval_ms = 1000 ms" in d["notes"][0]
+    assert d["notes"][1].startswith("peak GPU –: no GPU memory was sampled")
+    md = subprocess.run(
+        [sys.executable, "-m", "soakd", "sweep", *vary, *base, *sets, "-f", "md"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    ).stdout
+    assert "| 1 | ok |" in md and "Note: peak RSS and GPU – at workload.infer_ms=1:" in md

@@ -165,14 +165,7 @@ def test_show_prints_the_run_id_and_every_criterion_whole(soak: Soak, width: int
     assert_words_whole(LABELS, printed)
 
 
-#: until soakd/cli/runs.py lists runs with cli.tables.IdListing, its rich Table cuts every
-#: field but the run id to an ellipsis below about 200 columns (strict: passing fails)
-_NOT_WIRED = pytest.mark.xfail(strict=True, reason="soakd runs: not yet an IdListing")
-
-
-@pytest.mark.parametrize(
-    "width", [pytest.param(w, marks=_NOT_WIRED) for w in WIDTHS[:2]] + list(WIDTHS[2:])
-)
+@pytest.mark.parametrize("width", WIDTHS)
 def test_runs_lists_every_run_id_and_field_whole(soak: Soak, width: int) -> None:
     """`soakd runs` at 80, 100 and 200 columns: every run id whole, and every field of
     every run (name, mode, status, verdict, workload, start, frames, labels) printed whole:

@@ -25,9 +25,19 @@ RUN_MODES = ("soak", "profile")
 LATEST_MODES = (*RUN_MODES, "any")
 LATEST_HELP = "The newest run (of --mode, soak by default) instead of a RUN_ID."
 OUTPUT_HELP = "Write here instead of stdout."
-SET_METAVAR = "KEY=VALUE"
 SET_HELP = "Override a config key: section.key=value (repeatable)."
 JSON_ALIAS_HELP = "Deprecated: same as -f json."
+
+# --help placeholders: one name per idea, the same on every command (tests/test_cli_grammar.py
+# holds the table every command is checked against)
+PATH_METAVAR = "PATH"  # a database or other file soakd reads (--db)
+FILE_METAVAR = "FILE"  # a file soakd writes (-o/--output, --plot)
+DIR_METAVAR = "DIR"  # a folder soakd writes into
+N_METAVAR = "N"  # a count or other number without a unit
+RUN_ID_METAVAR = "RUN_ID"
+CONFIG_METAVAR = "CONFIG"
+PLAN_METAVAR = "PLAN"
+SET_METAVAR = "KEY=VALUE"
 LABEL_METAVAR = "NAME=VALUE"
 
 
@@ -73,20 +83,44 @@ def number_option(*decls: str, help: str, minimum: float | None = None, metavar:
     return typer.Option(*decls, parser=finite_number(minimum), metavar=metavar, help=help)
 
 
-def format_option(help: str, *values: str) -> Any:
+def format_option(help: str, *values: str, default: str | None = None) -> Any:
     """``-f/--format`` with its fixed set of values: the same option on every command that
-    writes a report."""
-    return choice_option("--format", "-f", values=values, help=help)
+    writes a report. Give the parameter a None default and the real one here (shown in
+    ``--help``), so ``resolve_format`` can tell ``-f`` given from ``-f`` left out."""
+    return typer.Option(
+        "--format",
+        "-f",
+        parser=choice(*values),
+        metavar="|".join(values),
+        help=help,
+        show_default=default if default is not None else False,
+    )
 
 
 def output_option() -> Any:
-    """``-o/--output``: the same option on every command that writes a report."""
-    return typer.Option("--output", "-o", help=OUTPUT_HELP)
+    """``-o/--output FILE``: the same option on every command that writes a report."""
+    return typer.Option("--output", "-o", metavar=FILE_METAVAR, help=OUTPUT_HELP)
+
+
+def db_option(help: str = DB_HELP) -> Any:
+    """``--db PATH``: the run database, the same option on every command."""
+    return typer.Option("--db", metavar=PATH_METAVAR, help=help)
 
 
 def json_alias_option() -> Any:
-    """The old ``--json`` flag, hidden: kept so scripts written against it still work."""
+    """The old ``--json`` flag, hidden: kept so scripts written against it still work.
+    Every command with ``-f json`` takes it; ``resolve_format`` reads the two together."""
     return typer.Option("--json", hidden=True, help=JSON_ALIAS_HELP)
+
+
+def resolve_format(fmt: str | None, as_json: bool, default: str) -> str:
+    """The format a command writes: ``--json`` is ``-f json``; ``-f`` left out is
+    ``default``. ``--json`` with another ``-f`` is a usage error (exit 2)."""
+    if as_json and fmt not in (None, "json"):
+        raise error(f"--json is the old spelling of -f json: give -f {fmt} or --json, not both")
+    if as_json:
+        return "json"
+    return default if fmt is None else fmt
 
 
 #: ``--live/--no-live`` and ``--log-json/--log-text``: the same options on every command
@@ -125,6 +159,11 @@ def parse_labels(items: list[str] | None) -> dict[str, str]:
 
 def latest_option() -> Any:
     return typer.Option("--latest", help=LATEST_HELP)
+
+
+def run_id_argument(help: str = RUN_REF_HELP) -> Any:
+    """The optional ``RUN_ID`` of a command that also takes ``--latest``."""
+    return typer.Argument(metavar=RUN_ID_METAVAR, help=help, show_default=False)
 
 
 def mode_option() -> Any:

@@ -16,9 +16,8 @@ from typing import IO, Annotated, Any
 import typer
 
 from soakd.cli.common import (
-    DB_HELP,
-    RUN_REF_HELP,
     choice_option,
+    db_option,
     error,
     format_option,
     latest_mode,
@@ -26,6 +25,7 @@ from soakd.cli.common import (
     mode_option,
     output_option,
     reading,
+    run_id_argument,
     run_ref,
 )
 from soakd.errors import ExitCode, SoakdError
@@ -46,15 +46,15 @@ PARQUET_MISSING = (
 
 
 def export_cmd(
-    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    run_id: Annotated[str | None, run_id_argument()] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    fmt: Annotated[str, format_option(FORMAT_HELP, *EXPORT_FORMATS)] = "csv",
+    fmt: Annotated[str, format_option(FORMAT_HELP, *EXPORT_FORMATS, default="csv")] = "csv",
     table: Annotated[
         str, choice_option("--table", values=tuple(rows.EXPORT_TABLES), help=TABLE_HELP)
     ] = "frames",
     output: Annotated[Path | None, output_option()] = None,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[Path | None, db_option()] = None,
 ) -> None:
     """Write one run's frames, samples or emissions for a notebook or a spreadsheet, one
     row per stored row (run_id left out). Exit code: 0 written (or the reader of a pipe

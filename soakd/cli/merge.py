@@ -12,7 +12,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from soakd.cli.common import error, format_option, output_option
+from soakd.cli.common import (
+    error,
+    format_option,
+    json_alias_option,
+    output_option,
+    resolve_format,
+)
 from soakd.cli.output import print_rich, write_output
 from soakd.errors import SoakdError
 from soakd.store.merge import OUTCOMES, MergeResult, merge
@@ -29,16 +35,20 @@ def merge_cmd(
     ],
     inputs: Annotated[
         list[Path],
-        typer.Argument(metavar="IN...", help="Run databases to merge in (opened read-only)."),
+        typer.Argument(metavar="IN", help="Run databases to merge in (opened read-only)."),
     ],
-    fmt: Annotated[str, format_option(MERGE_FORMAT_HELP, "table", "json")] = "table",
+    fmt: Annotated[
+        str | None, format_option(MERGE_FORMAT_HELP, "table", "json", default="table")
+    ] = None,
     output: Annotated[Path | None, output_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Merge run databases into OUT, one transaction per IN: every run with its host, labels,
     frames, samples, emissions, events and verdicts, and free baseline names. Merging an IN
     again adds nothing; a later copy of a live database updates the runs it finished.
     Exit 0; 2 when an IN cannot be merged (nothing is written then); 4 when writing OUT fails
     (OUT stays as it was before that IN)."""
+    how = resolve_format(fmt, as_json, "table")
     results: list[MergeResult] = []
     failure: SoakdError | None = None
     try:
@@ -49,7 +59,7 @@ def merge_cmd(
     except SoakdError as exc:
         failure = exc
     if results:
-        _summary(out, results, fmt, output)
+        _summary(out, results, how, output)
     if failure is not None:
         raise error(str(failure), failure.exit_code)
 

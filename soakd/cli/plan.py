@@ -23,20 +23,25 @@ from rich.table import Table
 from rich.text import Text
 
 from soakd.cli.common import (
-    DB_HELP,
+    DIR_METAVAR,
+    N_METAVAR,
+    PLAN_METAVAR,
     SET_HELP,
     SET_METAVAR,
     LiveOpt,
     LogJsonOpt,
     console,
+    db_option,
     error,
     format_option,
+    json_alias_option,
     label_option,
     output_option,
     parse_labels,
+    resolve_format,
 )
 from soakd.cli.output import print_rich, write_output
-from soakd.cli.run import result_code, serve_and_print
+from soakd.cli.run import result_code, serve_run
 from soakd.config import ConfigError, Settings
 from soakd.errors import SoakdError
 from soakd.jsonsafe import clean_json
@@ -65,7 +70,10 @@ plan_app = typer.Typer(
     rich_markup_mode=None,
 )
 
-PlanArg = Annotated[Path, typer.Argument(help="The plan file (TOML: [plan], [matrix], [[cell]]).")]
+PlanArg = Annotated[
+    Path,
+    typer.Argument(metavar=PLAN_METAVAR, help="The plan file (TOML: [plan], [matrix], [[cell]])."),
+]
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP + " Every cell.")
 ]
@@ -73,18 +81,21 @@ LabelOpt = Annotated[
     list[str] | None,
     label_option("Label every cell's run (repeatable; the plan's own labels cannot change)."),
 ]
-DbOpt = Annotated[Path | None, typer.Option(help=DB_HELP)]
+DbOpt = Annotated[Path | None, db_option()]
 
 
 @dataclass(frozen=True, slots=True)
 class CellOutcome:
-    """How one cell ended: its run (None if it never started), verdict and exit code."""
+    """How one cell ended: its run (None if it never started), verdict, exit code, the
+    criteria that failed (or, INVALID, could not be judged) and how long it ran."""
 
     cell: Cell
     run_id: str | None
     verdict: str
     code: int | None  # None: not run
     note: str = ""
+    failing: tuple[str, ...] = ()
+    duration_s: float | None = None
 
 
 def _load(path: Path) -> Plan:
@@ -130,12 +141,16 @@ def _cell_settings(
 @plan_app.command("show")
 def show_cmd(
     plan: PlanArg,
-    fmt: Annotated[str, format_option(SHOW_FORMAT_HELP, *SHOW_FORMATS)] = "table",
+    fmt: Annotated[
+        str | None, format_option(SHOW_FORMAT_HELP, *SHOW_FORMATS, default="table")
+    ] = None,
     output: Annotated[Path | None, output_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """List the plan's cells (index, name, overrides) after checking every one."""
+    how = resolve_format(fmt, as_json, "table")
     p = _load(plan)
-    if fmt == "json":
+    if how == "json":
         write_output(json.dumps(clean_json(p.as_dict()), indent=2), output)
         return
     t = Table(title=f"plan {p.name}: {len(p.cells)} cells")
@@ -158,7 +173,7 @@ def run_cmd(
     cell: Annotated[
         str | None,
         typer.Option(
-            metavar="N|NAME",
+            metavar=f"{N_METAVAR}|NAME",
             help="Only this cell, by index or name (an array task: $SLURM_ARRAY_TASK_ID).",
         ),
     ] = None,
@@ -181,6 +196,8 @@ def run_cmd(
     configure_logging(json=log_json, level="warning" if use_live else "info")
     outcomes = _run_cells(p, todo, live=use_live)
     console().print(outcome_table(p, outcomes))
+    if any(o.run_id for o in outcomes):
+        print("each cell's stage table and criteria: soakd show RUN_ID (or soakd report RUN_ID)")
     raise typer.Exit(plan_exit_code(o.code for o in outcomes if o.code is not None))
 
 
@@ -205,20 +222,33 @@ def _run_cells(plan: Plan, todo: list[tuple[Cell, Settings]], *, live: bool) -> 
 
 
 def _run_cell(plan: Plan, cell: Cell, settings: Settings, *, live: bool) -> CellOutcome:
-    """One cell as ``soakd run`` serves it; a cell that cannot start is reported, not fatal."""
+    """One cell as ``soakd run`` serves it, printing nothing of its own (the cell's line
+    says how it ended; `soakd show RUN_ID` has the rest); a cell that cannot start is
+    reported, not fatal."""
     try:
-        result = serve_and_print(settings, live=live)
+        result = serve_run(settings, live=live)
     except SoakdError as exc:
         print(f"soakd: error: {plan.path}: cell {cell.index} ({cell.name}): {exc}", file=sys.stderr)
         return CellOutcome(cell, None, "error", int(exc.exit_code), str(exc))
-    verdict = result.verdict.status if result.verdict is not None else "INVALID"
+    v = result.verdict
+    verdict = v.status if v is not None else "INVALID"
+    bad = (v.failed or v.invalid) if v is not None else []
     note = (result.reason or "") if result.status != "completed" else ""
-    return CellOutcome(cell, result.run_id, verdict, result_code(result), note)
+    failing = tuple(c.criterion for c in bad)
+    code = result_code(result)
+    return CellOutcome(cell, result.run_id, verdict, code, note, failing, result.duration_s)
 
 
 def _cell_line(plan: Plan, o: CellOutcome) -> str:
-    what = f"run {o.run_id} {o.verdict}" if o.run_id else f"not started: {o.note}"
-    return f"soakd: plan {plan.name}: cell {o.cell.index} ({o.cell.name}): {what} (exit {o.code})"
+    """``soakd: plan NAME: cell I (CELL): VERDICT (failing criteria), run ID, 12.0 s (exit
+    N)``: one line per finished cell."""
+    head = f"soakd: plan {plan.name}: cell {o.cell.index} ({o.cell.name}):"
+    if o.run_id is None:
+        return f"{head} not started: {o.note} (exit {o.code})"
+    failing = f" ({', '.join(o.failing)})" if o.failing else ""
+    took = "" if o.duration_s is None else f", {o.duration_s:.1f} s"
+    why = f", {o.note}" if o.note else ""
+    return f"{head} {o.verdict}{failing}, run {o.run_id}{took}{why} (exit {o.code})"
 
 
 def outcome_table(plan: Plan, outcomes: list[CellOutcome]) -> Table:
@@ -242,7 +272,10 @@ def outcome_table(plan: Plan, outcomes: list[CellOutcome]) -> Table:
 @plan_app.command("write")
 def write_cmd(
     plan: PlanArg,
-    out: Annotated[Path, typer.Option("--out", help="Folder for the cell configs (created).")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", metavar=DIR_METAVAR, help="Folder for the cell configs (created)."),
+    ],
     db: DbOpt = None,
     label: LabelOpt = None,
     set_: SetOpt = None,

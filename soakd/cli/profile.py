@@ -17,12 +17,15 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from soakd.cli.common import (
-    DB_HELP,
+    CONFIG_METAVAR,
+    FILE_METAVAR,
+    N_METAVAR,
     SET_HELP,
     SET_METAVAR,
-    console,
+    db_option,
     error,
     format_option,
     json_alias_option,
@@ -32,6 +35,8 @@ from soakd.cli.common import (
     number_option,
     output_option,
     reading,
+    resolve_format,
+    run_id_argument,
     run_ref,
 )
 from soakd.cli.output import print_rich, write_output
@@ -44,20 +49,17 @@ from soakd.studies.compare import Comparison, Regression, compare
 from soakd.studies.profiling import profile
 from soakd.studies.sweep import parse_vary, sweep
 
-CONFIG_ARG = typer.Argument(help="TOML config (default: embedded).")
+CONFIG_ARG = typer.Argument(metavar=CONFIG_METAVAR, help="TOML config (default: embedded).")
 SET_OPTION = typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP)
 STUDY_FORMAT_HELP = "md or json (default: a table on a terminal, else md)."
 COMPARE_FORMAT_HELP = "md, json or html (one offline file)."
 
 
 def _study_format(fmt: str | None, as_json: bool, output: Path | None) -> str:
-    """The format a profile or sweep is written in: -f, else a rich table on a terminal,
-    else Markdown (piped, or -o)."""
-    if as_json:
-        return "json"
-    if fmt is not None:
-        return fmt
-    return "table" if output is None and sys.stdout.isatty() else "md"
+    """The format a profile or sweep is written in: -f (or --json), else a rich table on a
+    terminal, else Markdown (piped, or -o)."""
+    tty = output is None and sys.stdout.isatty()
+    return resolve_format(fmt, as_json, "table" if tty else "md")
 
 
 def _settings(config: Path | None, overrides: list[str] | None, db: Path | None) -> Settings:
@@ -71,11 +73,13 @@ def _settings(config: Path | None, overrides: list[str] | None, db: Path | None)
 
 def profile_cmd(
     config: Annotated[Path | None, CONFIG_ARG] = None,
-    frames: Annotated[int, typer.Option(min=2, help="Frames to run back to back.")] = 20,
+    frames: Annotated[
+        int, typer.Option(min=2, metavar=N_METAVAR, help="Frames to run back to back.")
+    ] = 20,
     fmt: Annotated[str | None, format_option(STUDY_FORMAT_HELP, "md", "json")] = None,
     output: Annotated[Path | None, output_option()] = None,
     set_: Annotated[list[str] | None, SET_OPTION] = None,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[Path | None, db_option()] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Run N frames back to back and print the stage table, the first frame apart, peak
@@ -131,18 +135,20 @@ def sweep_cmd(
         typer.Option(metavar="KEY=V1,V2,...", help="The one variable to sweep and its values."),
     ],
     config: Annotated[Path | None, CONFIG_ARG] = None,
-    frames: Annotated[int, typer.Option(min=2, help="Frames per point.")] = 20,
+    frames: Annotated[int, typer.Option(min=2, metavar=N_METAVAR, help="Frames per point.")] = 20,
     fmt: Annotated[str | None, format_option(STUDY_FORMAT_HELP, "md", "json")] = None,
     out: Annotated[Path | None, output_option()] = None,
     plot: Annotated[
-        Path | None, typer.Option(help="Write an SVG plot of stage times vs the value.")
+        Path | None,
+        typer.Option(metavar=FILE_METAVAR, help="Write an SVG plot of stage times vs the value."),
     ] = None,
     set_: Annotated[list[str] | None, SET_OPTION] = None,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[Path | None, db_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Profile once per value of one variable, everything else held fixed; mark the knee and
     where the usable range ends. Exit code: 0, 2 usage/config error, 3 every value rejected."""
-    how = _study_format(fmt, False, out)
+    how = _study_format(fmt, as_json, out)
     _check_folder(out)
     _check_folder(plot)
     settings = _settings(config, set_, db)
@@ -159,7 +165,7 @@ def sweep_cmd(
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
     if how == "table":
-        print_rich(sweep_tables(result), None)
+        print_rich([*sweep_tables(result), *(Text(f"note: {n}") for n in result.notes)], None)
     else:
         write_output(result.to_json() if how == "json" else result.to_markdown(), out)
     if plot is not None:
@@ -169,13 +175,18 @@ def sweep_cmd(
 
 
 def compare_cmd(
-    run_a: Annotated[str, typer.Argument(help="Run id, unique prefix, or baseline name.")],
+    run_a: Annotated[
+        str, typer.Argument(metavar="RUN_A", help="Run id, unique prefix, or baseline name.")
+    ],
     run_b: Annotated[
-        str | None, typer.Argument(help="Run id, unique prefix, or baseline:NAME.")
+        str | None,
+        typer.Argument(metavar="RUN_B", help="Run id, unique prefix, or baseline:NAME."),
     ] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    fmt: Annotated[str, format_option(COMPARE_FORMAT_HELP, "md", "json", "html")] = "md",
+    fmt: Annotated[
+        str | None, format_option(COMPARE_FORMAT_HELP, "md", "json", "html", default="md")
+    ] = None,
     output: Annotated[Path | None, output_option()] = None,
     fail_on_regression: Annotated[
         float | None,
@@ -185,19 +196,20 @@ def compare_cmd(
             help="Exit 1 when --metric is worse in RUN_B by more than PCT percent.",
         ),
     ] = None,
-    metric: Annotated[str, typer.Option(help="Metric gated by --fail-on-regression.")] = (
-        "total_ms.p50"
-    ),
+    metric: Annotated[
+        str, typer.Option(metavar="METRIC", help="Metric gated by --fail-on-regression.")
+    ] = "total_ms.p50",
     alpha: Annotated[
-        float, number_option("--alpha", metavar="A", help="Significance level of the tests.")
+        float, number_option("--alpha", metavar="ALPHA", help="Significance level of the tests.")
     ] = 0.01,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[Path | None, db_option()] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Compare two runs (or a run and a baseline; --latest: RUN_B is the newest run): config
     diff, stage and frame-age statistics, drops, memory floor slopes and criteria, each with
     its change and whether it is beyond noise. Exit code: 0, 1 regression (with
     --fail-on-regression), 2 usage error."""
+    how = resolve_format(fmt, as_json, "md")
     if not 0 < alpha < 0.5:
         raise error(f"--alpha: must be between 0 and 0.5, got {alpha}")
     ref_b = run_ref(run_b, latest)
@@ -209,7 +221,7 @@ def compare_cmd(
         reg = None if fail_on_regression is None else comp.regression(metric, fail_on_regression)
     except SoakdError as exc:
         raise error(str(exc), exc.exit_code) from None
-    write_output(_comparison_text(comp, reg, "json" if as_json else fmt), output)
+    write_output(_comparison_text(comp, reg, how), output)
     if reg is not None and reg.failed:
         print(f"soakd: {reg.message}", file=sys.stderr)
         raise typer.Exit(int(ExitCode.FAIL))
@@ -243,11 +255,11 @@ baseline_app = typer.Typer(
 
 @baseline_app.command("set")
 def baseline_set_cmd(
-    run_id: Annotated[str | None, typer.Argument(help="Run id or unique prefix.")] = None,
+    run_id: Annotated[str | None, run_id_argument("Run id or unique prefix.")] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    name: Annotated[str, typer.Option(help="Baseline name.")] = "default",
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    name: Annotated[str, typer.Option(metavar="NAME", help="Baseline name.")] = "default",
+    db: Annotated[Path | None, db_option()] = None,
 ) -> None:
     """Mark RUN_ID (or --latest) as the baseline NAME (replacing an earlier one of that
     name)."""
@@ -266,16 +278,19 @@ def baseline_set_cmd(
 @baseline_app.command("list")
 def baseline_list_cmd(
     fmt: Annotated[
-        str, format_option("table or json (one JSON object a line).", "table", "json")
-    ] = "table",
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+        str | None,
+        format_option("table or json (one JSON object a line).", "table", "json", default="table"),
+    ] = None,
+    output: Annotated[Path | None, output_option()] = None,
+    db: Annotated[Path | None, db_option()] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """List the baselines: name, run, when it was marked, the run's verdict."""
+    how = resolve_format(fmt, as_json, "table")
     with reading(db) as conn:
         rows = runs.list_baselines(conn)
-    if as_json or fmt == "json":
-        write_output("".join(json.dumps(r) + "\n" for r in rows), None)
+    if how == "json":
+        write_output("".join(json.dumps(r) + "\n" for r in rows), output)
         return
     t = Table()
     for c in ("name", "run_id", "marked", "mode", "verdict", "workload", "started"):
@@ -290,7 +305,7 @@ def baseline_list_cmd(
             r["workload_kind"] or "-",
             r["started_at"] or "-",
         )
-    console().print(t)
+    print_rich([t], output)
 
 
 def register(app: typer.Typer) -> None:

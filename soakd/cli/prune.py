@@ -14,15 +14,18 @@ import typer
 from rich.table import Table
 
 from soakd.cli.common import (
-    DB_HELP,
     LATEST_MODES,
+    N_METAVAR,
     choice_option,
+    db_option,
     default_db_path,
     error,
     format_option,
+    json_alias_option,
     number_option,
     output_option,
     reading,
+    resolve_format,
 )
 from soakd.cli.output import print_rich, write_output
 from soakd.store import db as store
@@ -41,7 +44,7 @@ def prune_cmd(
     ] = None,
     keep_runs: Annotated[
         int | None,
-        typer.Option(min=0, metavar="N", help="Keep the newest N runs (of each mode)."),
+        typer.Option(min=0, metavar=N_METAVAR, help="Keep the newest N runs (of each mode)."),
     ] = None,
     mode: Annotated[str, choice_option("--mode", values=LATEST_MODES, help=MODE_HELP)] = "any",
     dry_run: Annotated[
@@ -50,14 +53,16 @@ def prune_cmd(
     no_vacuum: Annotated[
         bool, typer.Option("--no-vacuum", help="Only remove the rows: the file keeps its size.")
     ] = False,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    fmt: Annotated[str, format_option(FORMAT_HELP, "table", "json")] = "table",
+    db: Annotated[Path | None, db_option()] = None,
+    fmt: Annotated[str | None, format_option(FORMAT_HELP, "table", "json", default="table")] = None,
     output: Annotated[Path | None, output_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Remove old runs (every row of each, in every table) and VACUUM the file. Never
     deletes a run still being written or one a baseline names. Safe while a soak writes
     the same file: it waits for the lock and loses nothing. Exit code: 0 done (also when
     VACUUM could not get the lock: a warning says so), 2 usage error."""
+    how = resolve_format(fmt, as_json, "table")
     if keep_days is None and keep_runs is None:
         raise error("give --keep-days N or --keep-runs N (or both)")
     policy = prune.Policy(keep_days, keep_runs, None if mode == "any" else mode)
@@ -73,7 +78,7 @@ def prune_cmd(
             report["vacuum"] = _vacuum(conn, no_vacuum)
     after = prune.file_bytes(path)
     report.update(bytes_before=before, bytes_after=after, bytes_freed=before - after)
-    if fmt == "json":
+    if how == "json":
         write_output(json.dumps(report, indent=2), output)
     else:
         print_rich(_text(report), output)

@@ -12,6 +12,7 @@ it opens every database read-only and stores nothing.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -20,10 +21,12 @@ import typer
 from soakd.analysis import RunData, Verdict, evaluate, store
 from soakd.cli.common import (
     DB_HELP,
-    RUN_REF_HELP,
-    console,
+    PATH_METAVAR,
+    PLAN_METAVAR,
+    db_option,
     error,
     format_option,
+    json_alias_option,
     label_option,
     latest_mode,
     latest_option,
@@ -31,10 +34,12 @@ from soakd.cli.common import (
     output_option,
     parse_labels,
     reading,
+    resolve_format,
+    run_id_argument,
     run_ref,
 )
 from soakd.cli.fleet import fleet_gate
-from soakd.cli.output import write_output
+from soakd.cli.output import print_rich, write_output
 from soakd.errors import SoakdError
 from soakd.report import FORMATS, render
 from soakd.report.console import format_verdict_table
@@ -49,7 +54,8 @@ GATE_LABEL_HELP = (
 )
 GATE_PLAN_HELP = "Gate this plan's cells: each needs a run labelled plan=NAME and cell=CELL."
 GATE_FORMAT_HELP = (
-    "With --label / --plan: table (default), md, json (soakd.gate/1), junit (a testcase per cell)."
+    "table (the one-screen verdict), md, json (soakd.verdict/2; with --label / --plan"
+    " soakd.gate/1), junit (a testcase per criterion; per cell with --label / --plan)."
 )
 
 
@@ -75,34 +81,39 @@ def _evaluate(
 
 
 def report_cmd(
-    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    run_id: Annotated[str | None, run_id_argument()] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    fmt: Annotated[str, format_option(FORMAT_HELP, *FORMATS)] = "md",
+    fmt: Annotated[str | None, format_option(FORMAT_HELP, *FORMATS, default="md")] = None,
     output: Annotated[Path | None, output_option()] = None,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[Path | None, db_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Render a run's verdict as Markdown, JSON, JUnit XML or one offline HTML file.
 
     Exit code 0 when the report was written (whatever the verdict; use `soakd gate` to exit
     with the verdict), 2 for a usage error such as an unknown run."""
+    how = resolve_format(fmt, as_json, "md")
     if output is not None and not output.parent.exists():
         raise error(f"{output}: folder {output.parent} does not exist")
     with reading(db) as conn:
         data, verdict = _evaluate(conn, run_id, latest, mode)
-        text = render(fmt, data, verdict)
+        text = render(how, data, verdict)
     write_output(text, output)
 
 
 def gate_cmd(
-    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    run_id: Annotated[str | None, run_id_argument()] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    db: Annotated[list[Path] | None, typer.Option(metavar="PATH", help=GATE_DB_HELP)] = None,
+    db: Annotated[list[Path] | None, typer.Option(metavar=PATH_METAVAR, help=GATE_DB_HELP)] = None,
     label: Annotated[list[str] | None, label_option(GATE_LABEL_HELP)] = None,
-    plan: Annotated[Path | None, typer.Option(metavar="PLAN", help=GATE_PLAN_HELP)] = None,
-    fmt: Annotated[str | None, format_option(GATE_FORMAT_HELP, *FLEET_FORMATS)] = None,
+    plan: Annotated[Path | None, typer.Option(metavar=PLAN_METAVAR, help=GATE_PLAN_HELP)] = None,
+    fmt: Annotated[
+        str | None, format_option(GATE_FORMAT_HELP, *FLEET_FORMATS, default="table")
+    ] = None,
     output: Annotated[Path | None, output_option()] = None,
+    as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Print the one-screen verdict and exit with its code: 0 PASS, 1 FAIL, 3 INVALID
     (2 usage error, 4 internal error). The release-gate step.
@@ -110,14 +121,23 @@ def gate_cmd(
     With --label / --plan: gate the latest run of every cell across every --db, one row per
     cell; exit 0 only if every cell passed, 1 if any failed, else 3 (invalid or missing
     cells, or no matching run)."""
+    how = resolve_format(fmt, as_json, "table")
+    if output is not None and not output.parent.exists():
+        raise error(f"{output}: cannot write: folder {output.parent} does not exist")
     if label or plan is not None:
         _fleet_only(run_id, latest, mode)
         labels = parse_labels(label)
-        fleet_gate(db or [], labels, plan, fmt or "table", output)
-    _single_run_only(db or [], fmt, output)
+        fleet_gate(db or [], labels, plan, how, output)
+    if db is not None and len(db) > 1:
+        raise error("one --db for one run; several --db need --label or --plan")
     with reading(db[0] if db else None) as conn:
-        _, verdict = _evaluate(conn, run_id, latest, mode)
-    console().print(format_verdict_table(verdict))
+        data, verdict = _evaluate(conn, run_id, latest, mode)
+        if how == "table":
+            print_rich([format_verdict_table(verdict)], output)
+        else:
+            write_output(render(how, data, verdict), output)
+    if output is not None:
+        print(f"soakd: gate: run {verdict.run_id} {verdict.status}", file=sys.stderr)
     raise typer.Exit(int(verdict.exit_code))
 
 
@@ -127,17 +147,6 @@ def _fleet_only(run_id: str | None, latest: bool, mode: str) -> None:
         raise error("give a RUN_ID / --latest (one run) or --label / --plan (many), not both")
     if mode != "soak":
         raise error("--mode picks the run of --latest; a gate over many runs judges soak runs")
-
-
-def _single_run_only(db: list[Path], fmt: str | None, output: Path | None) -> None:
-    """-f, -o and a second --db belong to the gate over many runs (--label / --plan)."""
-    if len(db) > 1:
-        raise error("one --db for one run; several --db need --label or --plan")
-    if fmt is not None or output is not None:
-        raise error(
-            "-f/--format and -o/--output need --label or --plan; for one run's report in a"
-            " format use `soakd report`"
-        )
 
 
 def register(app: typer.Typer) -> None:

@@ -10,12 +10,13 @@ import typer
 from rich.console import Console
 
 from soakd.cli.common import (
-    DB_HELP,
+    CONFIG_METAVAR,
     SET_HELP,
     SET_METAVAR,
     LiveOpt,
     LogJsonOpt,
     console,
+    db_option,
     error,
     label_option,
     parse_labels,
@@ -54,10 +55,15 @@ def _display(*, live: bool, log_every: int) -> Observer:
 
 
 def run_cmd(
-    config: Annotated[Path | None, typer.Argument(help="TOML config (default: embedded).")] = None,
-    duration: Annotated[str | None, typer.Option(help="Soak length, e.g. 10m, 90s.")] = None,
-    fps: Annotated[float | None, typer.Option(help="Target frame rate.")] = None,
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    config: Annotated[
+        Path | None,
+        typer.Argument(metavar=CONFIG_METAVAR, help="TOML config (default: embedded)."),
+    ] = None,
+    duration: Annotated[
+        str | None, typer.Option(metavar="DURATION", help="Soak length, e.g. 10m, 90s.")
+    ] = None,
+    fps: Annotated[float | None, typer.Option(metavar="FPS", help="Target frame rate.")] = None,
+    db: Annotated[Path | None, db_option()] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP)
     ] = None,
@@ -68,7 +74,8 @@ def run_cmd(
     metrics_addr: Annotated[
         str | None,
         typer.Option(
-            help="Serve Prometheus metrics on HOST:PORT (loopback unless told otherwise)."
+            metavar="HOST:PORT",
+            help="Serve Prometheus metrics on HOST:PORT (loopback unless told otherwise).",
         ),
     ] = None,
     live: LiveOpt = None,
@@ -103,13 +110,20 @@ def execute_run(settings: Settings, *, live: bool) -> int:
 def serve_and_print(settings: Settings, *, live: bool) -> RunResult:
     """Serve one soak with the display (``live``) or log lines, then print its end as
     ``soakd run`` does. ``SoakdError`` (nothing was started) propagates."""
-    result = serve(settings, observers=[_display(live=live, log_every=settings.run.log_every)])
+    result = serve_run(settings, live=live)
     try:
         _print_end(console(), settings, result)
     except Exception as exc:  # the run is stored; only the summary print failed
         print(f"soakd: warning: cannot print the run summary: {exc}", file=sys.stderr)
+    return result
+
+
+def serve_run(settings: Settings, *, live: bool) -> RunResult:
+    """Serve one soak with the display (``live``) or log lines, printing nothing on stdout;
+    a failure of soakd itself is one line on stderr. ``SoakdError`` propagates."""
+    result = serve(settings, observers=[_display(live=live, log_every=settings.run.log_every)])
     if result.exit_code == ExitCode.INTERNAL:
-        # the verdict table says INVALID; say plainly what went wrong with soakd itself
+        # the verdict says INVALID; say plainly what went wrong with soakd itself
         print(
             f"soakd: error: {result.reason or result.summary.get('verdict_error')}", file=sys.stderr
         )

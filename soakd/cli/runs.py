@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from soakd.analysis.streams import stored_streams
 from soakd.cli.common import (
-    DB_HELP,
+    N_METAVAR,
     RUN_MODES,
-    RUN_REF_HELP,
     choice_option,
+    db_option,
     error,
     format_option,
     json_alias_option,
@@ -25,9 +24,12 @@ from soakd.cli.common import (
     output_option,
     parse_labels,
     reading,
+    resolve_format,
+    run_id_argument,
     run_ref,
 )
 from soakd.cli.output import print_rich, write_output
+from soakd.cli.tables import IdListing
 from soakd.config import MAX_NUMBER
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
@@ -38,12 +40,17 @@ from soakd.store.rundata import load_verdict_rows
 
 RUNS_FORMAT_HELP = "table (people) or json (one JSON object a line)."
 SHOW_FORMAT_HELP = "text (tables) or json (one object: run, stages, events)."
+RUNS_HEADS: tuple[str, ...] = (
+    "run_id", "name", "mode", "status", "verdict", "workload", "fps", "started", "dur s",
+    "frames", "drops", "errors", "labels",
+)  # fmt: skip
 
 
 def runs_cmd(
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
+    db: Annotated[Path | None, db_option()] = None,
     limit: Annotated[
-        int, typer.Option(min=1, max=MAX_NUMBER, help="How many runs, newest first.")
+        int,
+        typer.Option(min=1, max=MAX_NUMBER, metavar=N_METAVAR, help="How many runs, newest first."),
     ] = 20,
     mode: Annotated[
         str | None,
@@ -52,39 +59,26 @@ def runs_cmd(
     label: Annotated[
         list[str] | None, label_option("Only runs with this label (repeatable: all of them).")
     ] = None,
-    fmt: Annotated[str, format_option(RUNS_FORMAT_HELP, "table", "json")] = "table",
+    fmt: Annotated[
+        str | None, format_option(RUNS_FORMAT_HELP, "table", "json", default="table")
+    ] = None,
     output: Annotated[Path | None, output_option()] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """List runs in the database, newest first."""
+    how = resolve_format(fmt, as_json, "table")
     labels = parse_labels(label)
     with reading(db) as conn:
         rows = runs.list_runs(conn, limit=limit, mode=mode, labels=labels)
-    if as_json or fmt == "json":
+    if how == "json":
         write_output("".join(json.dumps(r) + "\n" for r in rows), output)
         return
     print_rich([_runs_table(rows)], output)
 
 
-def _runs_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table()
-    # a run id is what people copy into `soakd show`: never cut or wrapped
-    t.add_column("run_id", no_wrap=True, min_width=max((len(r["run_id"]) for r in rows), default=6))
-    for c in (
-        "name",
-        "mode",
-        "status",
-        "verdict",
-        "workload",
-        "fps",
-        "started",
-        "dur s",
-        "frames",
-        "drops",
-        "errors",
-        "labels",
-    ):
-        t.add_column(c)
+def _runs_table(rows: list[dict[str, Any]]) -> IdListing:
+    # a run id is what people copy into `soakd show`: never cut or wrapped, at any width
+    t = IdListing(RUNS_HEADS)
     for r in rows:
         t.add_row(
             r["run_id"],
@@ -124,15 +118,18 @@ SHOW_EVENTS = (
 
 
 def show_cmd(
-    run_id: Annotated[str | None, typer.Argument(help=RUN_REF_HELP)] = None,
+    run_id: Annotated[str | None, run_id_argument()] = None,
     latest: Annotated[bool, latest_option()] = False,
     mode: Annotated[str, mode_option()] = "soak",
-    db: Annotated[Path | None, typer.Option(help=DB_HELP)] = None,
-    fmt: Annotated[str, format_option(SHOW_FORMAT_HELP, "text", "json")] = "text",
+    db: Annotated[Path | None, db_option()] = None,
+    fmt: Annotated[
+        str | None, format_option(SHOW_FORMAT_HELP, "text", "json", default="text")
+    ] = None,
     output: Annotated[Path | None, output_option()] = None,
     as_json: Annotated[bool, json_alias_option()] = False,
 ) -> None:
     """Summarise one run: status, stage statistics, counters, events, verdict."""
+    how = resolve_format(fmt, as_json, "text")
     run_id = run_ref(run_id, latest)
     with reading(db) as conn:
         try:
@@ -146,7 +143,7 @@ def show_cmd(
             streams = stored_streams(verdict_rows)  # run.streams > 1 only
         except SoakdError as exc:
             raise error(str(exc), exc.exit_code) from None
-    if as_json or fmt == "json":
+    if how == "json":
         doc = {
             "run": run,
             "stages": stages,

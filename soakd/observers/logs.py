@@ -35,6 +35,23 @@ QUIET_ENV = {
 }
 
 
+class StderrLoggerFactory:
+    """structlog loggers printing to ``sys.stderr`` as it is when each line is logged (a
+    test's capture, a redirected stream), never to stdout."""
+
+    def __call__(self, *_args: Any) -> structlog.PrintLogger:
+        return structlog.PrintLogger(sys.stderr)
+
+
+def default_to_stderr() -> None:
+    """soakd used as a library (``run_soak`` without the CLI): structlog's own default
+    prints to stdout, which belongs to the program using soakd. Unless that program has
+    configured structlog itself, point the default at stderr; ``configure_logging`` (the
+    CLI) replaces it. Called when ``soakd.observers`` is imported, before anything logs."""
+    if not structlog.is_configured():
+        structlog.configure(logger_factory=StderrLoggerFactory())
+
+
 def configure_logging(*, json: bool | None = None, level: str = "info", stream: Any = None) -> None:
     stream = stream or sys.stderr
     if json is None:
@@ -167,3 +184,6 @@ class FrameLogObserver(Observer):
             skipped=rec.skipped or None,
             error=rec.error,
         )
+
+
+default_to_stderr()

@@ -37,7 +37,7 @@ import numpy as np
 
 from soakd.analysis.data import BOUNDED_ROWS, load_run_data
 from soakd.analysis.digest import window_bounds
-from soakd.analysis.model import floor_window_s
+from soakd.analysis.model import RunData, floor_window_s
 from soakd.analysis.quantiles import StreamQuantiles
 from soakd.analysis.stats import scipy_stats, window_count, window_reduce
 from soakd.config import CriteriaSettings, flatten
@@ -247,11 +247,12 @@ def compare(
     )
     metrics = _stage_metrics(fa, fb, alpha, min_effect_pct, rng)
     metrics.append(_drop_metric(ca, cb, alpha))
-    metrics.extend(_memory_metrics(conn, ra, rb, alpha, bounded))
+    da, db = (load_run_data(conn, r.id, bounded=True if bounded else None) for r in (ra, rb))
+    metrics.extend(_memory_metrics(conn, (ra, da), (rb, db), alpha, bounded))
     if "generator" in (ra.workload_kind, rb.workload_kind):
         metrics.extend(_stream_metrics(conn, ra, rb, alpha, min_effect_pct, rng))
     diff = config_diff(ra.config, rb.config)
-    briefs = (_brief(ra, fa), _brief(rb, fb))
+    briefs = (_brief(ra, fa, da, ca), _brief(rb, fb, db, cb))
     notes = [_sample_note(fa, fb)] if bounded else []
     return Comparison(
         run_a=briefs[0],
@@ -318,8 +319,19 @@ def _streamed_percentile(sq: StreamQuantiles) -> Callable[[float], float]:
     return lambda pct: sq.max if pct >= 100 else sq.percentile(pct)
 
 
-def _brief(run: RunRow, frames: Mapping[str, Values]) -> RunBrief:
-    n = max((v.n for v in frames.values()), default=0)
+def _brief(
+    run: RunRow, frames: Mapping[str, Values], data: RunData, counts: Mapping[str, int]
+) -> RunBrief:
+    """The run's row and its measured frames: for a soak run the verdict's own count (its
+    ``run`` criterion's: post-warm-up, dispatched, captured from the measured window's
+    start, errors included), so compare and the verdict say one number; for a profile run
+    every frame with values but the first."""
+    if run.mode == "profile":
+        n = max((v.n for v in frames.values()), default=0)
+    elif data.source is not None:  # bounded: the rows stay in the store
+        n = counts["measured"]
+    else:
+        n = int(data.measured(data.warmup_end()).sum())
     return RunBrief(
         id=run.id,
         name=run.name,
@@ -502,14 +514,11 @@ def _theil(wt: np.ndarray, wf: np.ndarray, alpha: float) -> tuple[float, float, 
     return float(slope), float(lo), float(hi)
 
 
-def _floor_window(
-    conn: sqlite3.Connection, run: RunRow, bounded: bool = False
-) -> tuple[float, float, float]:
+def _floor_window(run: RunRow, data: RunData) -> tuple[float, float, float]:
     """(t0, t1, window_s) of a run's memory floors, as the verdict takes them: the measured
     window (from the start for a profile run) and ``floor_window_s`` shortened for a short
-    run (``soakd.analysis.model.floor_window_s``). ``bounded``: the run's rows are not
-    loaded (``load_run_data``'s bounded RunData)."""
-    data = load_run_data(conn, run.id, bounded=True if bounded else None)
+    run (``soakd.analysis.model.floor_window_s``). ``data``: the run's RunData (bounded:
+    its rows left in the store)."""
     profile = run.mode == "profile"
     if data.source is not None:  # rows left in the store (a long run): bounds from there
         t0, t1 = window_bounds(data, data.source)
@@ -527,11 +536,11 @@ Fit = tuple[float, float, float] | None
 
 
 def _floor_fits(
-    conn: sqlite3.Connection, run: RunRow, alpha: float, bounded: bool
+    conn: sqlite3.Connection, run: RunRow, data: RunData, alpha: float, bounded: bool
 ) -> dict[str, tuple[bool, Fit]]:
     """Per memory column: whether it was sampled from t0 on, and its ``floor_slope``; on
     the bounded path from SQLite's per-window counts and minima (the same windows)."""
-    t0, t1, window = _floor_window(conn, run, bounded)
+    t0, t1, window = _floor_window(run, data)
     if not bounded:
         out = {}
         for col in MEMORY_COLUMNS:
@@ -550,10 +559,15 @@ def _floor_fits(
 
 
 def _memory_metrics(
-    conn: sqlite3.Connection, ra: RunRow, rb: RunRow, alpha: float, bounded: bool = False
+    conn: sqlite3.Connection,
+    a: tuple[RunRow, RunData],
+    b: tuple[RunRow, RunData],
+    alpha: float,
+    bounded: bool = False,
 ) -> list[MetricRow]:
     rows = []
-    fits = {r.id: _floor_fits(conn, r, alpha, bounded) for r in (ra, rb)}
+    (ra, _), (rb, _) = a, b
+    fits = {r.id: _floor_fits(conn, r, d, alpha, bounded) for r, d in (a, b)}
     for col in MEMORY_COLUMNS:
         if not (fits[ra.id][col][0] or fits[rb.id][col][0]):
             continue
@@ -677,15 +691,22 @@ class Table:
     notes: tuple[str, ...] = ()
 
 
-_QUANTILES = ("p50", "p95", "p99")
+_QUANTILES = ("p50", "p95", "p99", "max")
+#: the columns whose percentiles the stage table shows (so the metrics table does not)
+_STAGE_TABLE_COLUMNS = (*STAGE_COLUMNS, "frame_age_ms")
+
+
+def _in_stage_table(m: MetricRow) -> bool:
+    col, _, qn = m.name.rpartition(".")
+    return col in _STAGE_TABLE_COLUMNS and qn in _QUANTILES
 
 
 def stage_table(c: Comparison) -> Table:
-    """Both runs' stage percentiles side by side: one row per stage and percentile, with
-    the change, the test's p-value (p50) and whether it is beyond noise."""
+    """Both runs' stage percentiles side by side: one row per stage and percentile (and the
+    max), with the change, the test's p-value (p50) and whether it is beyond noise."""
     by = {m.name: m for m in c.metrics}
     rows: list[tuple[Any, ...]] = []
-    for col in (*STAGE_COLUMNS, "frame_age_ms"):
+    for col in _STAGE_TABLE_COLUMNS:
         for qn in _QUANTILES:
             m = by.get(f"{col}.{qn}")
             if m is not None:
@@ -697,9 +718,9 @@ def stage_table(c: Comparison) -> Table:
         rows,
         "No stage timings in either run.",
         (
-            f"significant: the test ({TESTS['p50']} for p50, {BOOT} for p95/p99) rejects "
-            f"no-difference at alpha = {c.alpha:g} and the change is at least "
-            f"{c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms.",
+            f"significant: the test ({TESTS['p50']} for p50, {BOOT} for p95/p99; none for "
+            f"the max, a single value) rejects no-difference at alpha = {c.alpha:g} and the "
+            f"change is at least {c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms.",
         ),
     )
 
@@ -750,6 +771,7 @@ def _tables(c: Comparison) -> list[Table]:
                     m.beyond_noise,
                 )
                 for m in c.metrics
+                if not _in_stage_table(m)  # shown once, in the stage table
             ],
             notes=(legend,),
         ),

@@ -108,11 +108,17 @@ class Plan:
     ) -> Settings:
         """The cell's validated settings: defaults < base config < ``[plan] set`` < the
         cell's overrides < ``extra_overrides`` < ``flags`` (dotted paths, as
-        ``load_settings`` takes them), then the cell's labels over all of them."""
+        ``load_settings`` takes them), then the cell's labels over all of them. A cell stops
+        as soon as a criterion can no longer pass (``run.stop_on_fail``) unless one of those
+        layers says otherwise: a plan spends GPU hours on many cells."""
         flags = dict(flags or {})
         flags["run.labels"] = {**flags.get("run.labels", {}), **self.cell_labels(cell)}
         overrides = [*self.overrides, *cell.overrides, *extra_overrides]
-        return load_settings(self.config, overrides=overrides, flags=flags)
+        settings = load_settings(self.config, overrides=overrides, flags=flags)
+        if "stop_on_fail" in settings.run.model_fields_set:
+            return settings
+        run = settings.run.model_copy(update={"stop_on_fail": True})
+        return settings.model_copy(update={"run": run})
 
     def cell(self, ref: str) -> Cell:
         """The cell ``ref`` names: an index (``"3"``, what an array task passes) or a name;

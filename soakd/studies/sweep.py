@@ -179,6 +179,7 @@ class SweepResult:
     usable_until: Any = None
     held_fixed: dict[str, Any] = field(default_factory=dict)
     max_drop_fraction: float = 0.05
+    sample_interval_ms: float = 150.0
 
     @property
     def summary(self) -> str:
@@ -197,7 +198,33 @@ class SweepResult:
             p.pop("profile", None)
         d["summary"] = self.summary
         d["knee_rule"] = self.knee_rule
+        d["notes"] = self.notes
         return {"schema": SCHEMA, **d}
+
+    @property
+    def notes(self) -> list[str]:
+        """Why an accepted point shows "–" for its peak memory: no telemetry sample fell
+        inside its run, or no GPU memory was sampled at all."""
+        ok = [p for p in self.points if p.status == "ok"]
+        no_rss = [p.value for p in ok if p.peak_rss_bytes is None]
+        sampled = [p for p in ok if p.peak_rss_bytes is not None]
+        no_gpu = [p.value for p in sampled if p.peak_gpu_mem_bytes is None]
+        out = []
+        if no_rss:
+            out.append(
+                f"peak RSS and GPU – at {self.key}={', '.join(map(str, no_rss))}: no telemetry"
+                " sample fell inside that point (its frames took less than one sample interval,"
+                f" run.sample_interval_ms = {self.sample_interval_ms:g} ms); more --frames"
+                " would measure it"
+            )
+        if no_gpu:
+            some = len(no_gpu) < len(sampled)
+            where = f" at {self.key}={', '.join(map(str, no_gpu))}" if some else ""
+            out.append(
+                f"peak GPU –{where}: no GPU memory was sampled (the workload runs on the CPU,"
+                " or NVML sees no GPU)"
+            )
+        return out
 
     @property
     def knee_rule(self) -> str:
@@ -428,6 +455,7 @@ def sweep(
         usable_until=usable,
         held_fixed=fixed,
         max_drop_fraction=settings.criteria.max_drop_fraction,
+        sample_interval_ms=settings.run.sample_interval_ms,
     )
 
 
@@ -502,6 +530,7 @@ def render_markdown(r: SweepResult) -> str:
         "Times in ms (p50 = median over the frames after the first; the first frame is "
         f"left out). Knee rule: {r.knee_rule}.",
     ]
+    lines += [x for note in r.notes for x in ("", f"Note: {note}.")]
     if r.held_fixed:
         fixed = ", ".join(f"{k}={v!r}" for k, v in r.held_fixed.items())
         lines += ["", f"Held fixed: {fixed}."]
