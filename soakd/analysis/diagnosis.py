@@ -331,8 +331,8 @@ def _jitter_hints(
         host = host_load_hint(data, _spike_ends(data, str(ev["source"]), cut))
         others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
         if host:
-            hints.append(host)
-        elif others_flat and not ev.get("tail_periodic"):
+            hints.append(host[0])
+        if not (host and host[1]) and others_flat and not ev.get("tail_periodic"):
             hints.append(_pressure_or_contention(data, verdict, cut))
     return hints
 
@@ -341,6 +341,9 @@ def _jitter_hints(
 #: much, at half the spikes or more: the diagnosis names host load
 HOST_BUSY_SHARE_PCT = 50.0
 HOST_STEAL_PCT = 5.0
+#: host load is the spikes' cause when the host is busy at this much larger a share of the
+#: spikes than of the rest of the run's ticks; otherwise it was there throughout
+HOST_SPECIFIC_MARGIN = 0.25
 
 
 def _spike_ends(data: RunData, source: str, cut: float) -> np.ndarray:
@@ -351,10 +354,13 @@ def _spike_ends(data: RunData, source: str, cut: float) -> np.ndarray:
     return np.sort(end[np.isfinite(y) & (y > cut)])
 
 
-def host_load_hint(data: RunData, spikes: np.ndarray) -> str | None:
+def host_load_hint(data: RunData, spikes: np.ndarray) -> tuple[str, bool] | None:
     """Name host load when other processes kept the host's CPUs busy (or the hypervisor
-    stole them) at half the spikes or more, with the figures; None when the host was quiet
-    at them or was not sampled (a run made before soakd sampled the host)."""
+    stole them) at half the spikes or more, with the figures, and whether the load was
+    particular to the spikes (True: more often busy at them than in the rest of the run by
+    ``HOST_SPECIFIC_MARGIN``: the cause) or there throughout (False: it may add to them).
+    None when the host was quiet at them or was not sampled (a run made before soakd
+    sampled the host)."""
     t, host = data.samples["t"], data.sample("host_cpu_pct")
     ok = np.isfinite(host)
     if spikes.size == 0 or not ok.any():
@@ -362,22 +368,34 @@ def host_load_hint(data: RunData, spikes: np.ndarray) -> str | None:
     ncpu = data.meta.fact("cpu_count") or 1.0
     own = np.nan_to_num(data.sample("cpu_pct")) / ncpu  # soakd's share of every CPU
     others = (host - own)[ok]
-    steal = data.sample("host_steal_pct")[ok]
     at = np.clip(np.searchsorted(t[ok], spikes), 0, int(ok.sum()) - 1)
-    busy = float(np.mean(others[at] >= HOST_BUSY_SHARE_PCT))
-    stolen = float(np.mean(np.nan_to_num(steal[at]) >= HOST_STEAL_PCT))
-    rest = f"{np.nanmedian(others):.0f} % over the whole run{_run_queue(data, at, ok, ncpu)}"
+    rest = np.ones(others.size, dtype=bool)
+    rest[at] = False
+    loaded = others >= HOST_BUSY_SHARE_PCT
+    busy = float(np.mean(loaded[at]))
     if busy >= 0.5:
-        return (
-            f"{spikes.size} spike(s) coincide with host load: other processes kept "
-            f"{np.nanmedian(others[at]):.0f} % of the host's {ncpu:.0f} CPUs busy at "
-            f"{busy:.0%} of them ({rest}); the CPU was shared: soak on a quiet host"
+        specific = not rest.any() or busy >= float(np.mean(loaded[rest])) + HOST_SPECIFIC_MARGIN
+        figures = (
+            f"other processes kept {np.nanmedian(others[at]):.0f} % of the host's {ncpu:.0f} "
+            f"CPUs busy at {busy:.0%} of the {spikes.size} spike(s) "
+            f"({np.nanmedian(others[rest] if rest.any() else others):.0f} % the rest of the "
+            f"run{_run_queue(data, at, ok, ncpu)})"
         )
+        if specific:
+            return f"spikes coincide with host load: {figures}; soak on a quiet host", True
+        return (
+            f"host load throughout the run: {figures}; contention may add to the spikes: "
+            "soak on a quiet host to tell",
+            False,
+        )
+    steal = np.nan_to_num(data.sample("host_steal_pct")[ok])
+    stolen = float(np.mean(steal[at] >= HOST_STEAL_PCT))
     if stolen >= 0.5:
         return (
-            f"{spikes.size} spike(s) coincide with CPU steal: the hypervisor took "
-            f"{np.nanmedian(steal[at]):.0f} % of the host's CPUs at {stolen:.0%} of them "
-            "(other guests on the machine): soak on a dedicated host"
+            f"spikes coincide with CPU steal: the hypervisor took "
+            f"{np.median(steal[at]):.0f} % of the host's CPUs at {stolen:.0%} of the "
+            f"{spikes.size} spike(s) (other guests on the machine): soak on a dedicated host",
+            True,
         )
     return None
 
