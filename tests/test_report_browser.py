@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ PROBE_JS = """
     p.yticks = Array.from(svg.querySelectorAll('.axes text[text-anchor="end"]')).map(
       function (e) { return [e.textContent, e.y.baseVal[0].value]; });
     svg.querySelectorAll("line.hline").forEach(function (e) { p.hlines.push(box(e)); });
+    p.legend = Array.from(svg.querySelectorAll(".legend-item")).map(box);
+    p.width = svg.width.baseVal.value;
     svg.querySelectorAll("line.vline").forEach(function (e) {
       var t = e.nextElementSibling;
       var label = t && t.classList.contains("vlabel") ? t.textContent : "";
@@ -249,3 +252,44 @@ def test_screenshot_shows_coloured_plot_lines(report_file: Path, tmp_path: Path)
     # the red failure threshold/tolerance lines
     red = np.all(np.abs(img.astype(int) - np.array([0x28, 0x27, 0xD6])) < 40, axis=2)
     assert red.sum() > 50
+
+
+def test_legend_entries_do_not_run_into_each_other(probed: Any) -> None:
+    """In every panel as Chromium draws it, no two legend entries (swatch and text) overlap
+    and each ends inside the chart."""
+    doc, _ = probed
+    for panel, p in doc.items():
+        boxes = p["legend"]
+        assert boxes, f"{panel}: no legend"
+        for i, a in enumerate(boxes):
+            assert a[0] + a[2] <= p["width"], (panel, a)
+            for b in boxes[i + 1 :]:
+                apart = a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0]
+                apart = apart or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1]
+                assert apart, (panel, a, b)
+
+
+@pytest.mark.slow
+def test_screenshot_script_photographs_real_failing_soaks(tmp_path: Path) -> None:
+    """bench/screenshots.py --duration 20s soaks the planted faults for real, renders their
+    reports and writes both screenshots; each shows the failing evidence in red (the
+    k x median line and marked frames, the tolerance line) and the series colours."""
+    import cv2
+
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.screenshots", "--duration", "20s", "--out",
+         str(tmp_path / "img"), "--workdir", str(tmp_path / "work")],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "report-10min: FAIL" in r.stdout and "report-2streams: FAIL" in r.stdout
+    html = (tmp_path / "work" / "report-10min.html").read_text(encoding="utf-8")
+    assert "over k x median" in html and "jitter: k x median" in html
+    two = (tmp_path / "work" / "report-2streams.html").read_text(encoding="utf-8")
+    assert "Worst: <b>stream 1</b>" in two
+    for name in ("report-10min", "report-2streams"):
+        img = cv2.imread(str(tmp_path / "img" / f"{name}.png"))
+        assert img is not None and img.shape[1] == 1100
+        red = np.all(np.abs(img.astype(int) - np.array([0x28, 0x27, 0xD6])) < 40, axis=2)
+        blue = np.all(np.abs(img.astype(int) - np.array([0xB4, 0x77, 0x1F])) < 40, axis=2)
+        assert red.sum() > 100 and blue.sum() > 200, (name, red.sum(), blue.sum())

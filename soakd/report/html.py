@@ -4,25 +4,35 @@ then time-aligned panels drawn as inline SVG (no script, no CDN, no web font).
 Panels share one time axis (seconds since the run's start) with the warm-up shaded:
 stage latencies, a rollout's named chunk stages (a panel each), frame age (or the
 generator's output interval), drop rate, process RSS,
-GPU memory and GPU utilisation. Memory panels draw the window floors the verdict judged,
-their Theil–Sen trend line and the tolerance line (the steepest allowed growth); error and
-OOM events are vertical markers.
+GPU memory, utilisation (soakd's and, where sampled, the host's), queue length and achieved
+fps. Memory panels draw the window floors the verdict judged, their Theil–Sen trend line
+and the tolerance line (the steepest allowed growth); error and OOM events are vertical
+markers (ticks, when there are many).
+
+Each failing criterion's evidence is drawn on its panel (jitter: k x median and the frames
+over it; frame age: its p95 ceiling; drops: the limit; content_fps: its period), and a run
+of several streams draws a line per stream on the latency, frame-age and drop panels with
+the worst named. Every series has a fixed colour by name (``SERIES_COLORS``).
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from html import escape
+from typing import Any
 
 import numpy as np
 
 from soakd import __version__
 from soakd.analysis import stats
-from soakd.analysis.model import MIB, RunData, Verdict, age_window_s
+from soakd.analysis.criteria.drops import loss_rates
+from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
+from soakd.analysis.streams import streams_of
 from soakd.records import STAGE_COLUMNS
 from soakd.report.html_numbers import numbers_html
 from soakd.report.summary import summarize
-from soakd.report.svg import HLine, Series, Span, VLine, line_chart
+from soakd.report.svg import PALETTE, HLine, Series, Span, VLine, line_chart
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
@@ -35,9 +45,36 @@ td.invalid{color:#b8860b;font-weight:bold} td.na{color:#999}
 """
 
 _PLOT_WINDOWS = 600
+_EVENT_KINDS = ("oom", "error", "stall", "abort")  # the events marked on every panel
+_LABELLED_EVENTS = 10  # a kind with more events: its first a labelled line, the rest ticks
+_EVENT_TICKS = 2000  # the most events of one kind marked
 _FRAMES_PER_WINDOW = 4  # plot windows hold at least this many frames (low-fps runs)
 _CPU_WINDOW_S = 2.0  # cpu_pct is quantised at short sampling intervals: average it over this
 _CPU_WINDOWS = 150  # ... or over longer windows, at most this many over the run
+#: the utilisation panel's sample columns and their series names (host_*: the whole host,
+#: absent in runs from before they were sampled)
+_UTIL_SERIES: tuple[tuple[str, str], ...] = (
+    ("gpu_util_pct", "gpu"),
+    ("cpu_pct", "cpu"),
+    ("host_cpu_pct", "host cpu"),
+    ("host_steal_pct", "host steal"),
+)
+#: a fixed colour per series name (tab10), so a line has the same colour in every report
+#: whatever else the run drew; names not listed get one from a hash of the name
+SERIES_COLORS: dict[str, str] = {
+    "grab": "#1f77b4", "pre": "#ff7f0e", "infer": "#2ca02c", "decode": "#8c564b",
+    "total": "#9467bd", "output_latency": "#17becf",
+    "window median": "#1f77b4", "window max": "#ff7f0e", "loss rate per window": "#1f77b4",
+    "rss": "#1f77b4", "rss floor": "#ff7f0e", "gpu_mem_used": "#2ca02c",
+    "gpu_mem_used floor": "#8c564b", "gpu_proc_mem": "#17becf", "gpu_proc_mem floor": "#1f77b4",
+    "torch_reserved": "#bcbd22", "torch_reserved floor": "#7f7f7f", "server_rss": "#9467bd",
+    "server_rss floor": "#e377c2", "server_gpu_mem": "#8c564b", "server_gpu_mem floor": "#2ca02c",
+    "gpu": "#2ca02c", "cpu": "#1f77b4", "host cpu": "#7f7f7f", "host steal": "#e377c2",
+    "fps": "#1f77b4", "tolerance": "#d62728",
+}  # fmt: skip
+#: the streams' lines, in stream order (after these, colours repeat)
+STREAM_COLORS: tuple[str, ...] = ("#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#000080",
+                                  "#808000")  # fmt: skip
 
 
 def _binned(t: np.ndarray, y: np.ndarray | None, width: float, hi: float) -> tuple[np.ndarray, ...]:
@@ -54,21 +91,30 @@ def _binned(t: np.ndarray, y: np.ndarray | None, width: float, hi: float) -> tup
     return (edges[:-1] + np.minimum(edges[1:], hi)) / 2, count, mean
 
 
+def _color(key: str) -> str:
+    """The fixed colour of a series (by its name, without a window width or count): the same
+    line has the same colour in every report, whichever other series a run has."""
+    if key in SERIES_COLORS:
+        return SERIES_COLORS[key]
+    return PALETTE[zlib.crc32(key.encode()) % len(PALETTE)]
+
+
+def _stream_color(s: int) -> str:
+    """Stream ``s``'s colour: none of the stage or window series' colours it is drawn
+    beside."""
+    return STREAM_COLORS[s % len(STREAM_COLORS)]
+
+
 def _trend_lines(
-    verdict: Verdict,
-    name: str,
-    t0: float,
-    t1: float,
-    scale: float,
-    tolerance_per_s: float,
-    y_cap: float | None = None,
+    verdict: Verdict, name: str, t0: float, t1: float, scale: float, tolerance_per_s: float
 ) -> list[Series]:
     """The Theil–Sen fit and the tolerance (the steepest allowed growth) in the units drawn
     (``scale`` per unit). Both span the judged windows; the fit's intercept is at t = 0 s
     (window centres are seconds since start) and the tolerance line starts on the fit at the
-    first judged window, so both lie on the data rather than extrapolated past it. A
-    tolerance that climbs past ``y_cap`` (the data's top, drawn units) stops there, so a
-    steep allowance does not squash the data into the bottom of the panel."""
+    first judged window, so both lie on the data rather than extrapolated past it. The
+    tolerance is a reference line (``scale=False``): the panel's y axis grows by up to the
+    data's span to show it, and it is cut at the plot's edge beyond that, so a steep
+    allowance neither squashes the data into the bottom of the panel nor leaves it."""
     tr = verdict.trends.get(name)
     if tr is None or not math.isfinite(tr.intercept) or tr.n < 3:
         return []
@@ -77,10 +123,7 @@ def _trend_lines(
     xs = np.array([judged[0], judged[-1]]) if judged.size > 1 else np.array([t0, t1])
     fit = (tr.intercept + tr.slope * xs) / scale
     tol = fit[0] + tolerance_per_s * (xs - xs[0]) / scale
-    tol_x = xs
-    if y_cap is not None and tolerance_per_s > 0 and tol[-1] > y_cap > tol[0]:
-        x_end = xs[0] + (y_cap - tol[0]) * scale / tolerance_per_s
-        tol_x, tol = np.array([xs[0], x_end]), np.array([tol[0], y_cap])
+    per_min = tolerance_per_s * 60 / scale
     return [
         Series(
             f"trend {tr.slope * 60 / scale:+.3g}/min",
@@ -90,8 +133,47 @@ def _trend_lines(
             dash="5 3",
             width=1.2,
         ),
-        Series("tolerance", tol_x, tol, color="#d62728", dash="2 3", width=1.2),
+        Series(
+            f"tolerance +{per_min:.3g}/min",
+            xs,
+            tol,
+            color=SERIES_COLORS["tolerance"],
+            dash="2 3",
+            width=1.2,
+            scale=False,
+        ),
     ]
+
+
+def _event_lines(events: list[dict[str, Any]]) -> list[VLine]:
+    """Error, OOM, stall and abort events as labelled vertical lines; of a kind with more
+    than ``_LABELLED_EVENTS`` events only the first is a line, labelled with the count, the
+    others short ticks at the top (at most ``_EVENT_TICKS`` of them)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("kind") in _EVENT_KINDS and e.get("t") is not None:
+            by_kind.setdefault(str(e["kind"]), []).append(e)
+    out = []
+    for kind, evs in by_kind.items():
+        color = "#d62728" if kind == "oom" else "#9467bd"
+        many = len(evs) > _LABELLED_EVENTS
+        for i, e in enumerate(evs[:_EVENT_TICKS]):
+            words = f"{kind} x{len(evs)}" if many and i == 0 else kind
+            label = f"{words}: {e.get('message') or ''}"[:200]
+            out.append(VLine(float(e["t"]), label, color=color, tick=many and i > 0))
+    return out
+
+
+def _failed(verdict: Verdict, name: str) -> CriterionResult | None:
+    c = verdict.get(name)
+    return c if c is not None and c.status == FAIL else None
+
+
+def _worst(rows: list[dict[str, Any]], key: str) -> int | None:
+    """The stream whose ``key`` (a streams-evidence field) is largest; None when none has
+    one."""
+    vals = [(float(r[key]), int(r["stream"])) for r in rows if r.get(key) is not None]
+    return max(vals)[1] if vals else None
 
 
 class _Panels:
@@ -112,15 +194,7 @@ class _Panels:
         self.t0 = float(verdict.window.get("t0", 0.0))
         self.t1 = float(verdict.window.get("t1", hi))
         self.spans = [Span(0.0, self.t0, "warm-up")] if self.t0 > 0 else []
-        self.vlines = [
-            VLine(
-                float(e["t"]),
-                f"{e['kind']}: {e.get('message') or ''}"[:200],
-                color="#d62728" if e["kind"] == "oom" else "#9467bd",
-            )
-            for e in data.events
-            if e.get("kind") in ("oom", "error", "stall", "abort") and e.get("t") is not None
-        ][:100]
+        self.vlines = _event_lines(data.events)
         ok = np.isfinite(t)
         span = float(t[ok].max() - t[ok].min()) if ok.sum() > 1 else 0.0
         per_frame = span / (int(ok.sum()) - 1) if span > 0 else 0.0
@@ -129,6 +203,14 @@ class _Panels:
             age_window_s(hi, None) / 4,
             _FRAMES_PER_WINDOW * per_frame,
         )
+        #: each stream's result (``run.streams`` > 1), from the ``streams`` criterion
+        self.streams = [] if self.bounded else streams_of(verdict)
+        n = len(self.streams)
+        # the all-streams view keeps each row's frame id, k x N + s: its stream is id mod N
+        self.stream_ids = (
+            np.nan_to_num(data.frames["frame_id"]).astype(np.int64) % n if n > 1 else None
+        )
+        self.measured = data.measured(self.t0) if not self.bounded else np.zeros(0, bool)
 
     def chart(
         self,
@@ -159,6 +241,25 @@ class _Panels:
             "on the bounded path (its frames were streamed, not loaded)</p>"
         )
 
+    def per_stream(self, t: np.ndarray, y: np.ndarray, width: float, what: str) -> list[Series]:
+        """Window medians of ``y`` (ms) for each stream (rows the caller masked out are NaN);
+        the worst stream (largest p95) drawn thicker and named in its label."""
+        assert self.stream_ids is not None
+        found = []
+        for s in range(len(self.streams)):
+            own = (self.stream_ids == s) & np.isfinite(y)
+            if own.any():
+                p95 = float(np.percentile(y[own], 95))
+                found.append((s, p95, stats.window_reduce(t[own], y[own], width, t0=0.0)))
+        worst = max(found, key=lambda f: f[1])[0] if len(found) > 1 else None
+        out = []
+        for s, p95, w in found:
+            has = w.nonempty()
+            name = f"{what} stream {s}" + (f" (worst: p95 {p95:.3g} ms)" if s == worst else "")
+            thick = 2.4 if s == worst else 1.2
+            out.append(Series(name, w.t[has], w.median[has], color=_stream_color(s), width=thick))
+        return out
+
     def stages(self) -> str:
         if self.bounded:
             return self.streamed("stages", "Stage latencies")
@@ -166,17 +267,56 @@ class _Panels:
         ok = self.data.frames["skipped"] == 0
         series = []
         for col in STAGE_COLUMNS:
+            if col == "total_ms" and self.stream_ids is not None:
+                y = np.where(self.measured, self.data.frame(col), np.nan)
+                series += self.per_stream(t, y, self.pw, "total")
+                continue
             y = self.data.frame(col)
             w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0)
             has = w.nonempty()
             if has.any():
-                series.append(Series(col.removesuffix("_ms"), w.t[has], w.median[has]))
-        y = self.data.frame("infer_ms")
-        w = stats.window_reduce(t[ok], y[ok], self.pw, t0=0.0, medians=False)
+                name = col.removesuffix("_ms")
+                series.append(Series(name, w.t[has], w.median[has], color=_color(name)))
+        jit = self.v.get("jitter")
+        src = str(jit.evidence.get("source", "infer_ms")) if jit else "infer_ms"
+        src = src if src in self.data.frames else "infer_ms"
+        name = src.removesuffix("_ms")
+        marks, hl = self.jitter_evidence(src)
+        w = stats.window_reduce(t[ok], self.data.frame(src)[ok], self.pw, t0=0.0, medians=False)
         has = w.nonempty()
-        if has.any():
-            series.append(Series("infer max", w.t[has], w.max[has], dash="3 2", width=1.0))
-        return self.chart(series, "stages", "Stage latencies (window medians)", "ms")
+        if has.any() and not marks:  # the marked frames show where the maxima go
+            series.append(
+                Series(
+                    f"{name} max", w.t[has], w.max[has], color=_color(name), dash="3 2", width=1.0
+                )
+            )
+        title = "Stage latencies (window medians)"
+        if self.stream_ids is not None:
+            title += ", total per stream"
+        return self.chart(series + marks, "stages", title, "ms", hl)
+
+    def jitter_evidence(self, src: str) -> tuple[list[Series], list[HLine]]:
+        """A failing jitter criterion's evidence: the line k x median of the column it
+        judged and each judged frame over it marked."""
+        c = _failed(self.v, "jitter")
+        if c is None or c.evidence.get("source") != src:
+            return [], []
+        k, med = c.evidence.get("k"), c.evidence.get("median_ms")
+        if not isinstance(k, int | float) or not isinstance(med, int | float):
+            return [], []
+        cut = float(k) * float(med)
+        ok = self.measured & (self.data.frame("has_error") == 0)
+        y = self.data.frame(src)
+        over = ok & (y > cut)
+        name = src.removesuffix("_ms")
+        line = HLine(
+            cut,
+            f"jitter: k x median = {k:g} x {med:.3g} = {cut:.3g} ms",
+            color=SERIES_COLORS["tolerance"],
+        )
+        label = f"{name} over k x median ({int(over.sum())} frames)"
+        t = self.data.frames["t_capture"]
+        return [Series(label, t[over], y[over], color="#d62728", kind="points")], [line]
 
     def chunk_stages(self) -> list[str]:
         """A rollout's named chunk stages, a panel each: window medians and maxima."""
@@ -190,8 +330,15 @@ class _Panels:
             if not has.any():
                 continue
             series = [
-                Series("window median", w.t[has], w.median[has]),
-                Series("window max", w.t[has], w.max[has], dash="3 2", width=1.0),
+                Series("window median", w.t[has], w.median[has], color=_color("window median")),
+                Series(
+                    "window max",
+                    w.t[has],
+                    w.max[has],
+                    dash="3 2",
+                    width=1.0,
+                    color=_color("window max"),
+                ),
             ]
             title = f"Chunk stage {name} (ms per chunk)"
             out.append(self.chart(series, f"stage-{name}", title, "ms"))
@@ -205,39 +352,116 @@ class _Panels:
         series: list[Series] = []
         if w is not None:
             series += [
-                Series("window median", w.t, w.median),
-                Series("window max", w.t, w.max, dash="3 2", width=1.0),
+                Series("window median", w.t, w.median, color=_color("window median")),
+                Series("window max", w.t, w.max, dash="3 2", width=1.0, color=_color("window max")),
             ]
+        if self.stream_ids is not None and name == "frame_age":
+            y = np.where(self.measured, self.data.frame("frame_age_ms"), np.nan)
+            t = self.data.frames["t_capture"] + np.nan_to_num(y) / 1000.0  # dispatch axis
+            width = w.width_s if w is not None else self.pw
+            series += self.per_stream(t, y, width, "median")
+            title += ", window medians per stream"
         tol = (c.threshold or 0.0) / 60 if c else 0.0
-        top = float(np.nanmax(w.max)) * 1.2 if w is not None and w.nonempty().any() else None
-        series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol, top)
+        series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol)
+        return self.chart(
+            series, name, f"{title} (ms), trend and tolerance", "ms", self.age_lines(c)
+        )
+
+    def age_lines(self, c: CriterionResult | None) -> list[HLine]:
+        """The frame-age p95 ceiling (with the run's p95) and, for a generator with
+        ``content_fps``, its period: the interval the judged p95 may not pass."""
         hl = []
-        if c and c.evidence.get("max_age_p95_ms"):
-            hl.append(HLine(float(c.evidence["max_age_p95_ms"]), "p95 limit"))
-        return self.chart(series, name, f"{title} (ms), trend and tolerance", "ms", hl)
+        ev = c.evidence if c else {}
+        if ev.get("max_age_p95_ms"):
+            p95 = ev.get("p95_ms")
+            seen = f" (p95 {p95:.3g} ms)" if isinstance(p95, int | float) else ""
+            hl.append(
+                HLine(
+                    float(ev["max_age_p95_ms"]),
+                    f"p95 ceiling {float(ev['max_age_p95_ms']):.4g} ms{seen}",
+                )
+            )
+        cf = self.v.get("content_fps")
+        if cf is not None and cf.threshold and cf.status in (FAIL, PASS):
+            p95 = cf.value
+            seen = f" (p95 {p95:.3g} ms)" if p95 is not None else ""
+            fps = cf.evidence.get("content_fps")
+            hl.append(
+                HLine(
+                    float(cf.threshold), f"content_fps {fps:g}: period {cf.threshold:.4g} ms{seen}"
+                )
+            )
+        return hl
 
     def drops(self) -> str:
         w = self.v.series.get("drop_rate")
         c = self.v.get("drops")
-        series = [Series("loss rate per window", w.t, w.median * 100, kind="step")] if w else []
+        series = (
+            [
+                Series(
+                    "loss rate per window",
+                    w.t,
+                    w.median * 100,
+                    kind="step",
+                    color=_color("loss rate per window"),
+                )
+            ]
+            if w
+            else []
+        )
         series += (
             _trend_lines(self.v, "drop_rate", self.t0, self.t1, 0.01, 0.0)[:1]
             if w is not None
             else []
         )
-        hl = [HLine(c.threshold * 100, "max_drop_fraction")] if c and c.threshold else []
+        title = "Dropped + stale frames, % per window"
+        if self.stream_ids is not None and w is not None and c is not None:
+            series += self.stream_losses(float(c.evidence.get("window_s") or w.width_s))
+            worst = _worst(self.streams, "loss_fraction")
+            title += f", per stream (worst: stream {worst})" if worst is not None else ""
+        hl = (
+            [HLine(c.threshold * 100, f"max_drop_fraction {c.threshold:.3g}")]
+            if (c and c.threshold)
+            else []
+        )
         t = self.data.frames["t_capture"]
         cum = np.nan_to_num(self.data.frame("drop_count")) + np.nan_to_num(
             self.data.frame("stale_count")
         )
         total = float(cum.max()) if cum.size else 0.0
-        return self.chart(
-            series,
-            "drops",
-            f"Dropped + stale frames, % per window ({total:.0f} in all, {t.size} rows)",
-            "%",
-            hl,
-        )
+        return self.chart(series, "drops", f"{title} ({total:.0f} in all, {t.size} rows)", "%", hl)
+
+    def stream_losses(self, width: float) -> list[Series]:
+        """Each stream's loss rate per window: its own drops and stale frames (the rows'
+        all-streams running totals step at a row by that row's stream's own count) over
+        its rows and drops, as the verdict reckons the rate."""
+        assert self.stream_ids is not None
+        d = self.data
+        drop = np.nan_to_num(d.frame("drop_count"))
+        lost = drop + np.nan_to_num(d.frame("stale_count"))
+        post = d.post_warmup(self.t0)
+        t = d.frames["t_capture"]
+        out = []
+        for s in range(len(self.streams)):
+            own = self.stream_ids == s
+            lc = np.cumsum(np.where(own, np.diff(lost, prepend=0.0), 0.0))
+            dc = np.cumsum(np.where(own, np.diff(drop, prepend=0.0), 0.0))
+            before = own & ~post
+            prev = (float(lc[before].max()), float(dc[before].max())) if before.any() else (0, 0)
+            rows = own & post
+            lw = stats.window_reduce(
+                t[rows], lc[rows], width, t0=self.t0, t1=self.t1, medians=False
+            )
+            dw = stats.window_reduce(
+                t[rows], dc[rows], width, t0=self.t0, t1=self.t1, medians=False
+            )
+            r = loss_rates(lw.t, lw.count, lw.max, dw.max, width, *prev)
+            frac = next((x.get("loss_fraction") for x in self.streams if x["stream"] == s), None)
+            label = f"stream {s}" + (f" ({frac:.2%} lost)" if frac is not None else "")
+            out.append(
+                Series(label, r.t, r.median * 100, kind="step", color=_stream_color(s), width=1.2)
+            )
+        return out
 
     def memory(self, names: tuple[tuple[str, str], ...], panel: str, title: str) -> str:
         st = self.data.samples["t"]
@@ -245,17 +469,31 @@ class _Panels:
         for crit, col in names:
             y = self.data.sample(col)
             w = self.v.series.get(crit)
+            base = col.removesuffix("_bytes")
             if self.bounded and w is not None and w.nonempty().any():  # window peaks instead
                 has = w.nonempty()
-                label = f"{col.removesuffix('_bytes')} window max"
-                series.append(Series(label, w.t[has], w.max[has] / MIB, width=1.0))
+                series.append(
+                    Series(
+                        f"{base} window max",
+                        w.t[has],
+                        w.max[has] / MIB,
+                        width=1.0,
+                        color=_color(base),
+                    )
+                )
             elif not np.isfinite(y).any():
                 continue
             else:
-                series.append(Series(col.removesuffix("_bytes"), st, y / MIB, width=1.0))
+                series.append(Series(base, st, y / MIB, width=1.0, color=_color(base)))
             if w is not None:
                 series.append(
-                    Series(f"{col.removesuffix('_bytes')} floor", w.t, w.floor / MIB, kind="points")
+                    Series(
+                        f"{base} floor",
+                        w.t,
+                        w.floor / MIB,
+                        kind="points",
+                        color=_color(f"{base} floor"),
+                    )
                 )
             c = self.v.get(crit)
             tol = (c.threshold or 0.0) * MIB / 60 if c else 0.0
@@ -267,18 +505,25 @@ class _Panels:
     def util(self) -> str:
         """GPU and CPU utilisation as means over windows of at least ``_CPU_WINDOW_S``: one
         psutil reading over a 100-200 ms tick is quantised (0 or 10 % of a core), the mean
-        over a window is the CPU time used in it."""
+        over a window is the CPU time used in it. The host's own load (``host_cpu_pct``,
+        ``host_steal_pct``, ``host_load1``), where the run sampled it, beside soakd's."""
         st = self.data.samples["t"]
         width = max(_CPU_WINDOW_S, self.x_range[1] / _CPU_WINDOWS)
         series = []
-        for col in ("gpu_util_pct", "cpu_pct"):
+        for col, name in _UTIL_SERIES:
             y = self.data.sample(col)
             if np.isfinite(y).any():
                 c, _n, mean = _binned(st, y, width, self.x_range[1])
-                series.append(Series(f"{col.removesuffix('_pct')} ({width:.2g} s mean)", c, mean))
+                series.append(Series(f"{name} ({width:.2g} s mean)", c, mean, color=_color(name)))
         if not series:
             return '<p class="note" data-panel="util">Utilisation: no data</p>'
-        return self.chart(series, "util", "GPU / CPU utilisation (%, window means)", "%")
+        title = "GPU / CPU utilisation (%, window means)"
+        load = self.data.sample("host_load1")
+        load = load[np.isfinite(load)]
+        if load.size:
+            med, top = float(np.median(load)), float(load.max())
+            title += f"; host load average (1 min) median {med:.3g}, max {top:.3g}"
+        return self.chart(series, "util", title, "%")
 
     def queue(self) -> str:
         """The frame queue's length when each frame was taken: window medians and maxima."""
@@ -290,26 +535,72 @@ class _Panels:
         w = stats.window_reduce(t, q, self.pw, t0=0.0)
         has = w.nonempty()
         series = [
-            Series("window median", w.t[has], w.median[has], kind="step"),
-            Series("window max", w.t[has], w.max[has], kind="step", dash="3 2", width=1.0),
+            Series(
+                "window median", w.t[has], w.median[has], kind="step", color=_color("window median")
+            ),
+            Series(
+                "window max",
+                w.t[has],
+                w.max[has],
+                kind="step",
+                dash="3 2",
+                width=1.0,
+                color=_color("window max"),
+            ),
         ]
         return self.chart(series, "queue", "Frame queue length (frames waiting)", "frames")
 
     def fps(self) -> str:
-        """Achieved frame rate: frames finished (``t_done``) per window, against the target."""
+        """Achieved frame rate: frames finished (``t_done``) per window, against the target;
+        for a generator, the frames it emitted (``emissions``), not its requests or chunks,
+        against ``criteria.content_fps`` where set."""
         if self.bounded:
             return self.streamed("fps", "Achieved frame rate")
-        done = self.data.frame("t_done")
-        if not np.isfinite(done).any():
-            done = self.data.frames["t_capture"]
+        gen = self.data.meta.generates and len(self.data.emissions.get("t_emit", ())) > 0
+        if gen:
+            done = self.data.emissions["t_emit"]
+        else:
+            done = self.data.frame("t_done")
+            if not np.isfinite(done).any():
+                done = self.data.frames["t_capture"]
         width = max(self.pw, 1.0)
         c, n, _ = _binned(done, None, width, self.x_range[1])
         ends = (np.arange(c.size) + 1) * width
         full = ends <= float(np.nanmax(done)) + 1e-9  # a last partial window reads low
-        series = [Series(f"frames done per {width:.3g} s", c[full], n[full] / width)]
-        target = self.data.meta.fps
-        hl = [HLine(float(target), f"target {target:g} fps", color="#7f7f7f")] if target else []
-        return self.chart(series, "fps", "Achieved frame rate (fps)", "fps", hl)
+        what = "frames out" if gen else "frames done"
+        series = [
+            Series(f"{what} per {width:.3g} s", c[full], n[full] / width, color=_color("fps"))
+        ]
+        target = self.data.meta.setting("criteria", "content_fps") if gen else self.data.meta.fps
+        label = "content_fps" if gen else "target"
+        hl = (
+            [HLine(float(target), f"{label} {target:g} fps", color="#7f7f7f")]
+            if isinstance(target, int | float) and target
+            else []
+        )
+        title = (
+            "Achieved frame rate (output frames per second)"
+            if gen
+            else ("Achieved frame rate (fps)")
+        )
+        return self.chart(series, "fps", title, "fps", hl)
+
+
+_RANK = {"INVALID": 0, "FAIL": 1, "PASS": 2}
+
+
+def _streams_note(rows: list[dict[str, Any]]) -> str:
+    """A run of several streams: the worst one (INVALID, then FAIL, then the most frames
+    lost) and why, above the panels that draw a line per stream."""
+    if len(rows) < 2:
+        return ""
+    worst = min(rows, key=lambda r: (_RANK.get(r["status"], 0), -(r.get("loss_fraction") or 0)))
+    why = ", ".join(worst.get("failed", []) + worst.get("invalid", [])) or "passed"
+    return (
+        f'<p class="note" id="streams-note"><b>{len(rows)} streams</b>; the latency, frame '
+        f"age and drop panels draw a line per stream. Worst: <b>stream {worst['stream']}</b>"
+        f" ({escape(str(worst['status']))}: {escape(why)})</p>"
+    )
 
 
 def render_html(data: RunData, verdict: Verdict) -> str:
@@ -386,6 +677,7 @@ def render_html(data: RunData, verdict: Verdict) -> str:
         "<table><tr><th>criterion</th><th>status</th><th>value</th><th>threshold</th>"
         f"<th>unit</th><th>detail</th></tr>{''.join(rows)}</table>"
         f"<ul>{notes}</ul>{numbers_html(summarize(data, verdict))}<h2>Timeline</h2>"
+        + _streams_note(p.streams)
         + "".join(f'<div class="panel">{s}</div>' for s in panels)
         + f'<p class="note">generated by soakd {__version__}</p></body></html>\n'
     )

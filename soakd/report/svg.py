@@ -60,6 +60,10 @@ class Series:
     dash: str | None = None  # SVG stroke-dasharray, e.g. "4 3"
     width: float = 1.5
     kind: Literal["line", "step", "points"] = "line"
+    #: False for a reference line (a tolerance): the y axis grows by at most
+    #: ``line_chart(reach=...)`` x the data's span to take it in, and it is cut where it
+    #: leaves the plot area
+    scale: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +78,15 @@ class HLine:
 
 @dataclass(frozen=True, slots=True)
 class VLine:
-    """A vertical marker (warm-up end, an OOM, an error) at ``x``."""
+    """A vertical marker (warm-up end, an OOM, an error) at ``x``; ``tick``: only a short
+    mark at the top of the plot area (one of many events: full-height lines would hide the
+    data), its label a tooltip."""
 
     x: float
     label: str = ""
     color: str = "#7f7f7f"
     dash: str | None = "3 3"
+    tick: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +115,13 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
         if raw <= m * mag:
             step = m * mag
             break
-    first = math.ceil(lo / step - 1e-9) * step
+    first = math.ceil(lo / step - 1e-9)
     ticks = []
-    v = first
-    while v <= hi + step * 1e-9:
+    i = first
+    while i * step <= hi + step * 1e-9:  # multiples of the step: no drift from adding
+        v = round(i * step, 12)
         ticks.append(0.0 if abs(v) < step * 1e-9 else float(v))
-        v += step
+        i += 1
     return ticks
 
 
@@ -131,6 +139,48 @@ def fmt_num(v: float) -> str:
     if a >= 1:
         return f"{v:.3g}"
     return f"{v:.2g}"
+
+
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels for evenly spaced ticks, as short as ``fmt_num``'s but with as many decimals
+    as the step needs, so no two ticks read the same (``112.2 / 112.4``, never ``112 /
+    112``); one unit suffix (k, M, G) for the whole axis, chosen by its largest value."""
+    if len(ticks) < 2:
+        return [fmt_num(t) for t in ticks]
+    step = min(abs(b - a) for a, b in itertools.pairwise(ticks)) or 1.0
+    top = max(abs(t) for t in ticks)
+    div, suffix = next(
+        ((d, u) for d, u in ((1e9, "G"), (1e6, "M"), (1e4, "k")) if top >= d), (1.0, "")
+    )
+    div = 1e3 if suffix == "k" else div
+    for decimals in range(0, 13):
+        labels = [f"{t / div:.{decimals}f}" for t in ticks]
+        if len(set(labels)) == len(labels) and all(
+            abs(float(lb) * div - t) <= step * 1e-3 for lb, t in zip(labels, ticks, strict=True)
+        ):
+            break
+    return [("0" if float(lb) == 0 else lb) + ("" if float(lb) == 0 else suffix) for lb in labels]
+
+
+#: advance widths of ASCII 32..126 in 1/1000 em (Helvetica's, the metric of Arial)
+_ADVANCE = (
+    278, 278, 355, 556, 556, 889, 667, 191, 333, 333, 389, 584, 278, 333, 278, 278, 556, 556,
+    556, 556, 556, 556, 556, 556, 556, 556, 278, 278, 584, 584, 584, 556, 1015, 667, 667, 722,
+    722, 667, 611, 778, 722, 278, 500, 667, 556, 833, 722, 778, 667, 778, 722, 667, 611, 722,
+    667, 944, 667, 667, 611, 278, 278, 278, 469, 556, 333, 556, 556, 500, 556, 556, 278, 556,
+    556, 222, 222, 500, 222, 833, 556, 556, 556, 556, 333, 500, 278, 556, 500, 722, 500, 500,
+    500, 334, 260, 334, 584,
+)  # fmt: skip
+#: sans-serif fonts a browser may pick (DejaVu Sans on most Linux) run wider than Arial
+_WIDE = 1.18
+
+
+def text_width(text: str, size: float = 11.0) -> float:
+    """An upper estimate of ``text``'s width in px at ``size`` px in a sans-serif font
+    (Arial metrics, widened for the wider fonts a browser may substitute; other
+    characters count as an em): what the legend is spaced by."""
+    units = sum(_ADVANCE[ord(c) - 32] if 32 <= ord(c) < 127 else 1000 for c in text)
+    return units * size * _WIDE / 1000.0
 
 
 def decimate(x: ArrayLike, y: ArrayLike, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -228,33 +278,76 @@ def line_chart(
     max_points: int = 2000,
     panel_id: str | None = None,
     legend: bool = True,
+    reach: float = 1.0,
 ) -> str:
     """Render series as an inline ``<svg>`` line chart and return its markup.
 
     ``x_range`` pins the x axis (pass the same range to several charts to time-align them);
-    ``y_range`` pins the y axis, ``y_zero`` includes 0 in it. ``panel_id`` becomes the
-    ``data-panel`` attribute (tests and scripts find panels by it). Each drawn series is a
-    ``<path class="series" data-series="NAME">``; a series with no finite point is listed in
-    the legend as "(no data)" and not drawn.
+    ``y_range`` pins the y axis, ``y_zero`` includes 0 in it; a series with ``scale=False``
+    (a tolerance line) widens it by at most ``reach`` x the data's span and is cut at the
+    plot area's edge. ``panel_id`` becomes the ``data-panel`` attribute (tests and scripts
+    find panels by it). Each drawn series is a ``<path class="series" data-series="NAME">``;
+    a series with no finite point is listed in the legend as "(no data)" and not drawn. The
+    legend sits between the title and the plot area, its entries spaced by their text's
+    width and wrapped onto more rows (the chart grows by them, the plot area keeps its
+    height).
     """
-    left, right, top, bottom = 64, 16, 26 if title else 12, 36
-    box = _Box(left, top, width - left - right, height - top - bottom)
+    left, right, bottom = 64, 16, 36
     prepared = [(s, *decimate(s.x, s.y, max_points)) for s in series]
-    sx, sy = _scales(prepared, box, hlines, vlines, x_range, y_range, y_zero)
+    colors = [s.color or PALETTE[i % len(PALETTE)] for i, s in enumerate(series)]
+    items = _legend_items(prepared, colors, width - left - right - 8) if legend else []
+    rows = max((it.row for it in items), default=-1) + 1
+    top = (26 if title else 12) + _LEGEND_ROW * rows
+    box = _Box(left, top, width - left - right, height - (26 if title else 12) - bottom)
+    height = int(top + box.h + bottom)
+    sx, sy = _scales(prepared, box, hlines, vlines, x_range, y_range, y_zero, reach)
     clip = f"clip-{panel_id or id(series)}"
     out = _frame(box, width, height, title, y_label, panel_id, clip)
     out += [_span(sp, sx, box) for sp in spans]
     out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label))
     out.append(f'<g clip-path="url(#{escape(clip)})">')
-    for i, (s, xs, ys) in enumerate(prepared):
-        out.append(_draw_series(s, sx(xs), sy(ys), s.color or PALETTE[i % len(PALETTE)]))
+    for (s, xs, ys), color in zip(prepared, colors, strict=True):
+        if not s.scale:
+            xs, ys = clip_y(xs, ys, sy.lo, sy.hi)
+        out.append(_draw_series(s, sx(xs), sy(ys), color))
     out += [_hline(h, sy, box) for h in hlines]
     out += [_vline(v, sx, box) for v in vlines]
     out.append("</g>")
-    if legend and series:
-        out.append(_legend(prepared, left, top))
+    if items:
+        out.append(_legend(items, left + 8, (26 if title else 12)))
     out.append("</svg>")
     return "".join(out)
+
+
+def clip_y(x: np.ndarray, y: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """The polyline (x, y) cut to lo <= y <= hi: each segment is clipped at the bounds (a
+    NaN breaks the line where it leaves and comes back), so a reference line steeper than
+    the data stops at the plot area's edge instead of running out of it."""
+    out_x: list[float] = []
+    out_y: list[float] = []
+    pts = [(a, b) for a, b in zip(x.tolist(), y.tolist(), strict=True)]
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if not all(math.isfinite(v) for v in (x0, y0, x1, y1)):
+            continue
+        dy = y1 - y0
+        if dy == 0:
+            t_in, t_out = (0.0, 1.0) if lo <= y0 <= hi else (1.0, 0.0)
+        else:
+            ta, tb = (lo - y0) / dy, (hi - y0) / dy
+            t_in, t_out = max(0.0, min(ta, tb)), min(1.0, max(ta, tb))
+        if t_in > t_out:
+            continue
+        a = (x0 + t_in * (x1 - x0), y0 + t_in * dy)
+        b = (x0 + t_out * (x1 - x0), y0 + t_out * dy)
+        if out_x and (out_x[-1], out_y[-1]) != a:
+            out_x.append(math.nan)
+            out_y.append(math.nan)
+        if not out_x or (out_x[-1], out_y[-1]) != a:
+            out_x.append(a[0])
+            out_y.append(a[1])
+        out_x.append(b[0])
+        out_y.append(b[1])
+    return np.array(out_x, dtype=np.float64), np.array(out_y, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,18 +368,25 @@ def _scales(
     x_range: tuple[float, float] | None,
     y_range: tuple[float, float] | None,
     y_zero: bool,
+    reach: float = 1.0,
 ) -> tuple[_Scale, _Scale]:
-    """Data -> pixel scales: pinned ranges as given, else the data's (and the lines')."""
+    """Data -> pixel scales: pinned ranges as given, else the data's (and the lines'),
+    widened towards the reference series (``scale=False``) by at most ``reach`` x its
+    span."""
     if x_range is None:
         x_lo, x_hi = _data_range([p[1] for p in prepared], [v.x for v in vlines])
     else:
         x_lo, x_hi = x_range
     if y_range is None:
         extra = [h.y for h in hlines] + ([0.0] if y_zero else [])
-        y_lo, y_hi = _data_range([p[2] for p in prepared], extra)
+        y_lo, y_hi = _data_range([p[2] for p in prepared if p[0].scale], extra)
+        refs = [p[2] for p in prepared if not p[0].scale]
+        if refs:
+            r_lo, r_hi = _data_range(refs, [y_lo, y_hi])
+            span = (y_hi - y_lo) or abs(y_hi) * 0.05 or 1.0
+            y_lo, y_hi = max(r_lo, y_lo - reach * span), min(r_hi, y_hi + reach * span)
         pad = (y_hi - y_lo) * 0.05
-        # extra headroom above the data keeps the legend (top left) off the lines
-        y_lo, y_hi = (y_lo if y_zero and y_lo == 0 else y_lo - pad), y_hi + 3 * pad
+        y_lo, y_hi = (y_lo if y_zero and y_lo == 0 else y_lo - pad), y_hi + pad
     else:
         y_lo, y_hi = y_range
     sx = _Scale(x_lo, x_hi, box.left, box.left + box.w)
@@ -341,14 +441,22 @@ def _hline(h: HLine, sy: _Scale, box: _Box) -> str:
     )
     if not h.label:
         return line
+    # above the line, or below it when that would leave the plot area
+    ty = yy - 3 if yy - 3 >= box.top + 11 else yy + 12
     return line + (
-        f'<text x="{box.left + box.w - 4}" y="{yy - 3:.1f}" text-anchor="end" '
-        f'fill="{h.color}">{escape(h.label)}</text>'
+        f'<text class="hlabel" x="{box.left + box.w - 4}" y="{ty:.1f}" text-anchor="end" '
+        f'fill="{h.color}" stroke="#ffffff" stroke-width="3" paint-order="stroke">'
+        f"{escape(h.label)}</text>"
     )
 
 
 def _vline(v: VLine, sx: _Scale, box: _Box) -> str:
     xx = sx.one(v.x)
+    if v.tick:
+        return (
+            f'<line class="vtick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{box.top}" '
+            f'y2="{box.top + 8}" stroke="{v.color}"><title>{escape(v.label)}</title></line>'
+        )
     dash = f' stroke-dasharray="{v.dash}"' if v.dash else ""
     line = (
         f'<line class="vline" x1="{xx:.1f}" x2="{xx:.1f}" y1="{box.top}" '
@@ -389,20 +497,20 @@ def _axes(
     sx: _Scale, sy: _Scale, left: int, top: int, pw: int, ph: int, x_label: str, y_label: str
 ) -> list[str]:
     out = ['<g class="axes" fill="#444444" stroke="none">']
-    for t in nice_ticks(sx.lo, sx.hi, max(2, pw // 90)):
+    xt = nice_ticks(sx.lo, sx.hi, max(2, pw // 90))
+    for t, label in zip(xt, tick_labels(xt), strict=True):
         xx = sx.one(t)
         out.append(
             f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}" stroke="#eeeeee"/>'
         )
-        out.append(
-            f'<text x="{xx:.1f}" y="{top + ph + 14}" text-anchor="middle">{fmt_num(t)}</text>'
-        )
-    for t in nice_ticks(sy.lo, sy.hi, max(2, ph // 40)):
+        out.append(f'<text x="{xx:.1f}" y="{top + ph + 14}" text-anchor="middle">{label}</text>')
+    yt = nice_ticks(sy.lo, sy.hi, max(2, ph // 40))
+    for t, label in zip(yt, tick_labels(yt), strict=True):
         yy = sy.one(t)
         out.append(
             f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eeeeee"/>'
         )
-        out.append(f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{fmt_num(t)}</text>')
+        out.append(f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{label}</text>')
     if x_label:
         out.append(
             f'<text x="{left + pw / 2:.0f}" y="{top + ph + 30}" text-anchor="middle">'
@@ -418,15 +526,53 @@ def _axes(
     return out
 
 
-def _legend(prepared: Sequence[tuple[Series, np.ndarray, np.ndarray]], left: int, top: int) -> str:
-    out = ['<g class="legend">']
-    x = left + 8
-    for i, (s, _xs, ys) in enumerate(prepared):
-        color = s.color or PALETTE[i % len(PALETTE)]
+_LEGEND_ROW = 15  # px per legend row
+_LEGEND_GAP = 14  # px between one entry's text and the next entry's swatch
+_SWATCH = 14  # px of an entry's swatch and the space after it
+
+
+@dataclass(frozen=True, slots=True)
+class LegendItem:
+    """One legend entry: its text, colour, row and x offset (px from the legend's left)
+    and the width its swatch and text take."""
+
+    text: str
+    color: str
+    dash: str | None
+    row: int
+    x: float
+    w: float
+
+
+def _legend_items(
+    prepared: Sequence[tuple[Series, np.ndarray, np.ndarray]], colors: Sequence[str],
+    avail: float,
+) -> list[LegendItem]:  # fmt: skip
+    """Entries laid out left to right, each after the previous one's measured text, on a
+    new row when the next would pass ``avail`` px."""
+    out: list[LegendItem] = []
+    x, row = 0.0, 0
+    for (s, _xs, ys), color in zip(prepared, colors, strict=True):
         empty = not np.isfinite(ys).any()
         text = f"{s.name} (no data)" if empty else s.name
-        out.append(f'<rect x="{x}" y="{top + 6}" width="10" height="3" fill="{color}"/>')
-        out.append(f'<text x="{x + 14}" y="{top + 11}">{escape(text)}</text>')
-        x += 24 + 6 * len(text)
+        w = _SWATCH + text_width(text)
+        if x > 0 and x + w > avail:
+            x, row = 0.0, row + 1
+        out.append(LegendItem(text, color, s.dash, row, x, w))
+        x += w + _LEGEND_GAP
+    return out
+
+
+def _legend(items: Sequence[LegendItem], left: float, top: float) -> str:
+    out = ['<g class="legend">']
+    for it in items:
+        x, y = left + it.x, top + _LEGEND_ROW * it.row
+        dash = f' stroke-dasharray="{it.dash}"' if it.dash else ""
+        out.append(
+            f'<g class="legend-item" data-x="{x:.1f}" data-row="{it.row}" data-w="{it.w:.1f}">'
+            f'<line x1="{x:.1f}" x2="{x + 10:.1f}" y1="{y + 8:.1f}" y2="{y + 8:.1f}" '
+            f'stroke="{it.color}" stroke-width="3"{dash}/>'
+            f'<text x="{x + _SWATCH:.1f}" y="{y + 12:.1f}">{escape(it.text)}</text></g>'
+        )
     out.append("</g>")
     return "".join(out)
