@@ -10,6 +10,7 @@ reported ``stale`` and counts against the score, so the list stays true as the c
     .venv/bin/python -m bench.mutate --check    # only check that no mutant is stale
     .venv/bin/python -m bench.mutate --only "untested trend"   # the mutants named so
     .venv/bin/python -m bench.mutate --only "(#23)"   # issue 23's boundary pins only
+    .venv/bin/python -m bench.mutate --only "(#22)"   # stopping a run early
 
 Exits 1 when fewer than 95 % of the mutants are killed (or any is stale). Each set of test
 files is first run on the unmutated copy: a mutant whose tests already fail there (someone's
@@ -165,6 +166,27 @@ PINNED = (
            "p_mk = float(2 * scipy_stats().norm.sf(abs(z)))",
            "p_mk = float(scipy_stats().norm.sf(abs(z)))", (ALPHA,)),
 )  # fmt: skip
+# issue 22: stopping a run early (tests/test_early_stop.py); `--only "(#22)"` runs these
+EARLY_TESTS = "tests/test_early_stop.py"
+EARLY = (
+    Mutant("errors never stop a run early (#22)", C_ERRORS,
+           "if live.errors > crit.max_errors:", "if False:", (EARLY_TESTS,)),
+    Mutant("drops never stop a run early (#22)", C_DROPS,
+           "if most > 0 and live.lost > crit.max_drop_fraction * most:", "if False:",
+           (EARLY_TESTS,)),
+    Mutant("every memory look tested at the full alpha (#22)", C_MEMORY,
+           "alpha = stats.look_alpha(crit.alpha, live.fraction, prev)", "alpha = crit.alpha",
+           (EARLY_TESTS,)),
+    Mutant("an OOM never stops a run early (#22)", C_OOM,
+           'return EarlyFail("oom", f"{live.ooms} out-of-memory error(s)") if live.ooms else None',
+           "return None", (EARLY_TESTS,)),
+    Mutant("an early stop confirmed without its criterion failing (#22)", V,
+           "if r.criterion == named[0] and r.status == FAIL), None)",
+           "if r.criterion == named[0]), None)", (EARLY_TESTS,)),
+    Mutant("OOM events not counted while the run goes (#22)", "soakd/run/early_stop.py",
+           'elif event.kind == "oom":', 'elif event.kind == "never":', (EARLY_TESTS,)),
+)  # fmt: skip
+
 MUTANTS = (
     # the exit-code path
     Mutant("run exits 0 whatever the verdict", "soakd/cli/run.py",
@@ -287,6 +309,7 @@ MUTANTS = (
     Mutant("staged frame age from the deadline", SINK, "ms[6], ms[7], c[10]",
            "ms[7], ms[7], c[10]", (SINK_TESTS,)),
     *PINNED,
+    *EARLY,
 )  # fmt: skip
 
 

@@ -11,13 +11,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from soakd.analysis import judge
+from soakd.analysis.criteria import memory as memory_criterion
+from soakd.analysis.criteria.base import Live
 from soakd.analysis.data import make_run_data
 from soakd.analysis.model import RunMeta
 from soakd.analysis.stats import look_alpha, obrien_fleming_spent
 from soakd.config import CriteriaSettings, Settings
+from soakd.observers.base import Progress
+from soakd.records import Event
+from soakd.run.early_stop import EarlyStop, early_criteria
 from soakd.run.runner import run_soak
 
 pytestmark = pytest.mark.slow
@@ -119,3 +125,41 @@ def test_plain_settings_default_to_running_the_whole_length(tmp_path: Path) -> N
     from soakd.config import load_settings
 
     assert load_settings().run.stop_on_fail is False
+
+
+def _leak_live(now: float, planned_s: float = 100.0) -> Live:
+    """A 60 MB/min RSS rise sampled every 0.1 s from the end of the warm-up (t0 = 0) to
+    ``now``, in a run planned for ``planned_s``."""
+    t = np.arange(0.0, now, 0.1)
+    live = Live(planned_s=planned_s, fps=10.0, streams=1, now=now, t0=0.0)
+    live.samples = {"t": list(t), "rss_bytes": list(100e6 + 1e6 * t)}
+    return live
+
+
+def test_a_look_early_in_the_run_spends_only_its_share_of_alpha() -> None:
+    """A leak plain on 10 floor windows (significant at alpha = 0.01) does not stop a
+    100 s run at 10 s, where O'Brien–Fleming has spent next to nothing; the same leak over
+    95 s does, named memory_rss."""
+    crit = CriteriaSettings(floor_window_s=1.0, max_memory_growth_mb_per_min=5)
+    assert memory_criterion.early_fail(_leak_live(10.0), crit) is None
+    late = memory_criterion.early_fail(_leak_live(95.0), crit)
+    assert late is not None and late.criterion == "memory_rss", late
+
+
+def test_an_oom_event_stops_the_run_at_the_next_look() -> None:
+    """One ``oom`` event after the warm-up: the next progress snapshot stores an early_stop
+    event naming oom and asks the run to stop."""
+    fired: list[str] = []
+    events: list[Event] = []
+    crit = CriteriaSettings()
+    watch = EarlyStop(Live(planned_s=60.0, fps=10.0, streams=1), crit, early_criteria(True),
+                      event=events.append, stop=fired.append)  # fmt: skip
+    watch.on_event(Event("warmup_end", 1.0, 0.0))
+    tick = Progress(elapsed_s=3.0, remaining_s=57.0, frames_done=20, frames_captured=20,
+                    achieved_fps=10.0, drops=0, stale=0, errors=0, age_p50_ms=None)  # fmt: skip
+    watch.on_progress(tick)
+    assert fired == []
+    watch.on_event(Event("oom", 2.5, 0.0, "CUDA out of memory"))
+    watch.on_progress(tick)
+    assert len(fired) == 1 and fired[0].startswith("oom: 1 out-of-memory error(s)")
+    assert [(e.kind, (e.data or {}).get("criterion")) for e in events] == [("early_stop", "oom")]

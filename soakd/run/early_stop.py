@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from soakd.analysis import stats
 from soakd.analysis.criteria.base import EARLY_STOP_EVENT, EarlyFail, Live
 from soakd.analysis.model import MEMORY_METRICS
 from soakd.analysis.verdict import CRITERIA
@@ -121,18 +122,27 @@ class EarlyStop(Observer):
                 return
 
 
+def early_criteria(stop_on_fail: bool) -> list[ModuleType]:
+    """The criteria modules a run asks while it goes: every one with ``early_fail`` under
+    ``run.stop_on_fail``, else the thresholds alone (their ``abort_on_fail`` items)."""
+    return [
+        m
+        for m in CRITERIA
+        if hasattr(m, "early_fail") and (stop_on_fail or m.__name__.endswith(".thresholds"))
+    ]
+
+
 def watch_early_stop(
     settings: Settings, event: Callable[[Event], None], stop: Callable[[str], Any]
 ) -> list[Observer]:
     """An EarlyStop over the criteria that can end this run: the built-in ones with
     ``run.stop_on_fail``, the thresholds when one is ``abort_on_fail``; none otherwise."""
     crit, run = settings.criteria, settings.run
-    asked = [
-        m
-        for m in CRITERIA
-        if hasattr(m, "early_fail") and (run.stop_on_fail or m.__name__.endswith(".thresholds"))
-    ]
+    asked = early_criteria(run.stop_on_fail)
     if not run.stop_on_fail and not any(t.abort_on_fail for t in crit.thresholds):
         return []
+    # the memory looks test trends with scipy: imported now, before the warm-up, so its
+    # ~60 MB land there and not in the measured RSS as a step mid-run
+    stats.scipy_stats()
     live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams)
     return [EarlyStop(live, crit, asked, event=event, stop=stop)]
