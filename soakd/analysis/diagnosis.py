@@ -312,29 +312,40 @@ def _jitter_hints(
     data: RunData, verdict: Verdict, g: dict[str, tuple[bool, float, float]]
 ) -> list[str]:
     j = verdict.get("jitter")
-    if j is None or j.status not in (FAIL, PASS) or not j.evidence.get("tail_frames"):
+    if j is None or j.status not in (FAIL, PASS):
         return []
     ev = j.evidence
     hints = []
-    if ev.get("tail_periodic"):
+    if ev.get("tail_frames") and ev.get("tail_periodic"):
         hints.append(
             f"long-tail {ev['source'].removesuffix('_ms')} frames recur every "
             f"{ev['tail_period']} frames: periodic work (cache flush, garbage "
             "collection, logging, a scheduled job)"
         )
-    elif ev["tail_frames"] >= 4:
+    elif (ev.get("tail_frames") or 0) >= 4:
         hints.append(
             f"{ev['tail_frames']} long-tail frames fall at irregular positions: not periodic work"
         )
     if j.status == FAIL:
-        cut = float(ev["tail_cut_ms"])
-        host = host_load_hint(data, _spike_ends(data, str(ev["source"]), cut))
-        others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
-        if host:
-            hints.append(host[0])
-        if not (host and host[1]) and others_flat and not ev.get("tail_periodic"):
-            hints.append(_pressure_or_contention(data, verdict, cut))
+        hints += _jitter_cause(data, verdict, g, ev)
     return hints
+
+
+def _jitter_cause(
+    data: RunData, verdict: Verdict, g: dict[str, tuple[bool, float, float]], ev: dict
+) -> list[str]:
+    """What the failing frames (over k x median, the rule's own) coincide with: host load,
+    else (with the other stages flat and no periodic tail) memory pressure or nothing the
+    telemetry shows."""
+    k, med = ev.get("k"), ev.get("median_ms")
+    judged = float(k) * float(med) if k is not None and med is not None else math.inf
+    host = host_load_hint(data, _spike_ends(data, str(ev["source"]), judged))
+    out = [host[0]] if host else []
+    others_flat = not any(_grew(g, c) for c in ("grab_ms", "pre_ms", "decode_ms"))
+    cause_open = not (host and host[1]) and others_flat and not ev.get("tail_periodic")
+    if ev.get("tail_frames") and cause_open:
+        out.append(_pressure_or_contention(data, verdict, float(ev["tail_cut_ms"])))
+    return out
 
 
 #: other processes busy on this share of the host's CPUs, or the hypervisor stealing this
