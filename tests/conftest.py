@@ -172,9 +172,10 @@ def make_run(conn: sqlite3.Connection, **overrides: Any) -> str:
 #: file, two tests, near the end)
 LONGEST_FIRST = (
     "test_verdict.py", "test_prometheus_server.py", "test_openai.py", "test_docs.py",
-    "test_cli.py", "test_run_outcomes.py", "test_streams.py", "test_store_faults.py",
-    "test_bench_smoke.py", "test_nspawn.py", "test_install.py", "test_openai_serve.py",
-    "test_report.py", "test_verdict_shapes.py", "test_systemd_unit.py", "test_slurm.py",
+    "test_report_browser.py", "test_cli_grammar.py", "test_cli.py", "test_run_outcomes.py",
+    "test_nspawn.py", "test_streams.py", "test_store_faults.py", "test_bench_smoke.py",
+    "test_install.py", "test_openai_serve.py", "test_report.py", "test_verdict_shapes.py",
+    "test_terminal_width.py", "test_early_stop.py", "test_systemd_unit.py", "test_slurm.py",
 )  # fmt: skip
 
 
