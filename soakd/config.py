@@ -115,6 +115,11 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _is_auto(value: Any) -> bool:
+    """``run.duration = "auto"`` (any case, spaces around)."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
 def _check_device(v: str) -> str:
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
         raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
@@ -224,7 +229,22 @@ class RunSettings(_Section):
     # budget, an OOM, drops past the limit on the planned run, a memory floor rising at the
     # alpha spent so far); `soakd plan run` sets it unless the config says otherwise
     stop_on_fail: bool = False
+    # duration = "auto": run until every criterion is decided, at most max_duration (stored
+    # as duration = max_duration and auto_duration = true; stop_on_fail on unless set)
+    auto_duration: bool = False
+    max_duration: Duration = Field(3600.0, gt=0)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_duration(cls, data: Any) -> Any:
+        """``duration = "auto"``: the planned length is ``max_duration``, the run ends once
+        decided (soakd/run/auto_duration.py)."""
+        if not (isinstance(data, dict) and _is_auto(data.get("duration"))):
+            return data
+        out = {**data, "duration": data.get("max_duration", 3600.0), "auto_duration": True}
+        out.setdefault("stop_on_fail", True)
+        return out
 
 
 class SourceSettings(_Section):

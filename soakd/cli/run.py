@@ -40,9 +40,11 @@ def _settings(config: Path | None, overrides: list[str], flags: dict[str, Any]) 
         raise error(str(exc)) from None
 
 
-def _duration(v: str | None) -> float | None:
+def _duration(v: str | None) -> float | str | None:
     if v is None:
         return None
+    if v.strip().lower() == "auto":
+        return "auto"  # run until decided, at most run.max_duration
     try:
         return parse_duration(v)
     except ValueError as exc:
@@ -60,7 +62,12 @@ def run_cmd(
         typer.Argument(metavar=CONFIG_METAVAR, help="TOML config (default: embedded)."),
     ] = None,
     duration: Annotated[
-        str | None, typer.Option(metavar="DURATION", help="Soak length, e.g. 10m, 90s.")
+        str | None,
+        typer.Option(
+            metavar="DURATION",
+            help="Soak length, e.g. 10m, 90s; auto: until every criterion is decided, at most"
+            " run.max_duration.",
+        ),
     ] = None,
     fps: Annotated[float | None, typer.Option(metavar="FPS", help="Target frame rate.")] = None,
     db: Annotated[Path | None, db_option()] = None,

@@ -30,6 +30,7 @@ from soakd.environment import collect as collect_environment
 from soakd.errors import SoakdError, UsageError
 from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResult
 from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Sample
+from soakd.run.auto_duration import watch_auto_duration
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.drivers.concurrent import counters_for
 from soakd.run.early_stop import watch_early_stop
@@ -163,7 +164,11 @@ class Run:
     ) -> None:
         self.settings = settings
         self.obs = Observers(
-            [*observers, *watch_early_stop(settings, self._event, self.request_stop)]
+            [
+                *observers,
+                *watch_early_stop(settings, self._event, self.request_stop),
+                *watch_auto_duration(settings, self._event, self.request_stop),
+            ]
         )
         self.mode = mode
         self.max_frames = max_frames

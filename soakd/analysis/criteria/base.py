@@ -12,7 +12,7 @@ too short to test passes only when its windows' range bounds it, and is INVALID 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from soakd.analysis.digest import FrameDigest
 from soakd.analysis.model import (
     FAIL,
     INVALID,
+    NA,
     PASS,
     CriterionResult,
     RunData,
@@ -32,6 +33,9 @@ from soakd.config import CriteriaSettings
 #: the event a run stores when a criterion that can no longer pass ends it early
 #: (``run.stop_on_fail``, or an ``abort_on_fail`` threshold); its data names the criterion
 EARLY_STOP_EVENT = "early_stop"
+#: the event a ``run.duration = "auto"`` run stores when every criterion is decided; its
+#: data: ``after_s`` and ``detectable`` (each trend's smallest detectable slope)
+DECIDED_EVENT = "decided"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,37 @@ class Context:
     def minutes(self) -> str:
         m = self.span / 60
         return f"{m:.0f}-minute" if m >= 2 else f"{self.span:.0f}-second"
+
+    @property
+    def auto(self) -> bool:
+        """``run.duration = "auto"``: a trend passes only once it is decided."""
+        return bool(self.data.meta.setting("run", "auto_duration"))
+
+
+def undecided_trend(
+    ctx: Context, call: TrendCall, tr: stats.Trend, per: float, tol: float, unit: str
+) -> str | None:
+    """For a ``run.duration = "auto"`` run, why a trend that passed is not decided: it was
+    not tested (only bounded), or this run could not have seen growth at its tolerance (the
+    smallest detectable slope is above it). None when decided, or for a fixed-length run."""
+    if not ctx.auto:
+        return None
+    mds = tr.mds * per
+    if call.how == "trend" and math.isfinite(mds) and mds <= tol:
+        return None
+    seen = f"growth over {mds:.3g} {unit} only" if math.isfinite(mds) else "no growth yet"
+    return (
+        f"undecided: this {ctx.minutes()} run could see {seen}, not its tolerance "
+        f"{tol:g} {unit} (run.duration = auto, ended at run.max_duration)"
+    )
+
+
+def undecided(statuses: Iterable[tuple[str, str]]) -> list[str]:
+    """The criteria a running ``duration = "auto"`` run still waits on, of its (criterion,
+    status) pairs: every one that is neither PASS nor n/a (an interim FAIL may yet pass; a
+    certain one stops the run through ``early_fail``), but the run's own validity (a
+    running run is not complete)."""
+    return [name for name, status in statuses if name != "run" and status not in (PASS, NA)]
 
 
 def finite(v: Any) -> float | None:

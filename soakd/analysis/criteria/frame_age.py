@@ -18,6 +18,7 @@ from soakd.analysis.criteria.base import (
     not_significant,
     span_to_test,
     trend_fields,
+    undecided_trend,
     untested,
 )
 from soakd.analysis.digest import FrameDigest
@@ -126,6 +127,9 @@ def _age_outcome(
         need = span_to_test(ctx, tr, age_window_s(0.0, rate))
         ev["min_span_to_test_s"] = need
         return INVALID, untested(ctx, tr, what, need)
+    open_ = undecided_trend(ctx, call, tr, 60.0, ctx.crit.max_age_slope_ms_per_min, "ms/min")
+    if open_:
+        return INVALID, open_
     if call.how == "bounded" and call.bound is not None:
         return PASS, (
             f"median {med:.4g} ms; too few windows for a trend test, but their range allows "

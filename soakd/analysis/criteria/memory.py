@@ -19,6 +19,7 @@ from soakd.analysis.criteria.base import (
     not_significant,
     span_to_test,
     trend_fields,
+    undecided_trend,
     untested,
 )
 from soakd.analysis.data import make_run_data
@@ -125,6 +126,9 @@ def judge_memory_metric(
     status = call.status
     if status == PASS and w < c.floor_window_s * (1 - FLOOR_SLACK):
         status, detail = INVALID, _floor_too_short(ctx, w)
+    open_ = undecided_trend(ctx, call, tr, per, thr, "MB/min") if status == PASS else None
+    if open_:
+        status, detail = INVALID, open_
     return CriterionResult(
         criterion=name,
         title=title,

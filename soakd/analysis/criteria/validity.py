@@ -3,7 +3,10 @@ no signal)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from soakd.analysis.criteria.base import (
+    DECIDED_EVENT,
     Context,
     finite,
 )
@@ -24,7 +27,7 @@ def judge_run_validity(ctx: Context) -> CriterionResult:
     if dur is None:
         t = d.frames["t_capture"]
         dur = float(t.max()) if t.size else 0.0
-    ev = {
+    ev: dict[str, Any] = {
         "status": d.meta.status,
         "reason": d.meta.reason,
         "duration_s": dur,
@@ -49,6 +52,10 @@ def judge_run_validity(ctx: Context) -> CriterionResult:
         problems.append(hang)
     status = INVALID if problems else PASS
     detail = "; ".join(problems) if problems else (f"{dur:.4g} s, {n_meas} post-warm-up frames")
+    decided = _decided(d)
+    if decided:
+        ev["decided_after_s"], ev["detectable"] = decided
+        detail += "; " + _decided_words(*decided)
     return CriterionResult(
         criterion="run",
         title="Run is long and complete enough",
@@ -59,6 +66,30 @@ def judge_run_validity(ctx: Context) -> CriterionResult:
         detail=detail,
         evidence=ev,
     )
+
+
+def _decided(d: RunData) -> tuple[float, dict[str, str]] | None:
+    """A ``run.duration = "auto"`` run's ``decided`` event: when, and each trend's smallest
+    detectable slope then, in words (``"0.42 MB/min"``)."""
+    for e in d.events:
+        if e.get("kind") == DECIDED_EVENT:
+            data = e.get("data") or {}
+            seen = (data.get("detectable") or {}).items()
+            detect = {
+                k: f"{float(v['slope']):.3g} {v.get('unit') or ''}".strip()
+                for k, v in seen
+                if isinstance(v, dict) and v.get("slope") is not None
+            }
+            return float(data.get("after_s", e.get("t") or 0.0)), detect
+    return None
+
+
+def _decided_words(after_s: float, detectable: dict[str, str]) -> str:
+    """``decided after 6 min 12 s (memory_rss could see 0.42 MB/min, ...)``."""
+    m, sec = divmod(round(after_s), 60)
+    when = f"{m} min {sec} s" if m else f"{sec} s"
+    seen = ", ".join(f"{k} could see {v}" for k, v in sorted(detectable.items()))
+    return f"decided after {when}" + (f" ({seen})" if seen else "")
 
 
 def _hang(d: RunData) -> str | None:

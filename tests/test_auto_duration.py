@@ -1,0 +1,108 @@
+"""``run.duration = "auto"``: a soak runs until every criterion is decided, at most
+``run.max_duration``. Real synthetic soaks: a healthy one stops once its trends could have
+seen their tolerances and PASSes saying when and what it could see; a leak stops early as
+FAIL; one that cannot decide by max_duration is INVALID, never PASS."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from soakd.analysis import judge
+from soakd.analysis.criteria.base import undecided
+from soakd.config import CriteriaSettings, Settings, load_settings
+from soakd.run.runner import run_soak
+
+from .test_verdict import MIB, planted
+
+pytestmark = pytest.mark.slow
+
+#: short floor windows so that a few seconds hold enough of them to decide
+AUTO = (
+    "run.duration='auto'", "run.warmup_s=1", "criteria.min_duration_s=4",
+    "criteria.min_frames=20", "criteria.floor_window_s=0.25",
+)  # fmt: skip
+
+
+def _events(settings: Settings, kind: str) -> list[tuple[float, str]]:
+    with sqlite3.connect(settings.run.db) as conn:  # type: ignore[arg-type]
+        return conn.execute("SELECT t, message FROM events WHERE kind = ?", (kind,)).fetchall()
+
+
+def test_a_healthy_auto_run_stops_once_decided_and_says_when_and_what_it_could_see(
+    synthetic: Callable[..., Settings],
+) -> None:
+    """No leak (a tolerance of 60 MB/min, which a few seconds can decide): the run stops
+    long before its 60 s max_duration, completed, PASS, with a decided event, and the run
+    criterion says "decided after ..." with the slope each trend could see."""
+    s = synthetic(*AUTO, "run.max_duration=60", "criteria.max_memory_growth_mb_per_min=60")
+    res = run_soak(s)
+    assert res.status == "completed" and res.duration_s < 45, res.reason
+    assert res.verdict.status == "PASS", res.verdict.reason
+    assert len(_events(s, "decided")) == 1
+    run = res.verdict.get("run")
+    assert run is not None and "decided after" in run.detail, run
+    assert "memory_rss could see" in run.detail and "MB/min" in run.detail, run.detail
+
+
+def test_a_leaking_auto_run_fails_early(synthetic: Callable[..., Settings]) -> None:
+    """A 600 MB/min leak: duration = "auto" turns stop_on_fail on, so the run stops at a
+    look long before max_duration, FAIL on memory_rss, with an early_stop event."""
+    s = synthetic(*AUTO, "run.max_duration=60", "workload.leak_mb_per_min=600",
+                  "criteria.max_memory_growth_mb_per_min=5")  # fmt: skip
+    res = run_soak(s)
+    assert res.status == "aborted" and res.duration_s < 40, res.reason
+    assert res.verdict.status == "FAIL" and res.verdict.get("memory_rss").status == "fail"
+    assert len(_events(s, "early_stop")) == 1 and not _events(s, "decided")
+
+
+def test_an_auto_run_that_cannot_decide_by_max_duration_is_invalid_never_pass(
+    synthetic: Callable[..., Settings],
+) -> None:
+    """A memory tolerance of 0.001 MB/min, which 8 s cannot resolve: the run goes to its
+    max_duration and the memory trend is INVALID "undecided", so the run is INVALID."""
+    s = synthetic(*AUTO, "run.max_duration=8", "criteria.max_memory_growth_mb_per_min=0.001")
+    res = run_soak(s)
+    assert res.status == "completed" and res.duration_s >= 7.9 and not _events(s, "decided")
+    mem = res.verdict.get("memory_rss")
+    assert mem is not None and mem.status in ("invalid", "fail"), mem
+    if mem.status == "invalid":
+        assert mem.detail.startswith("undecided"), mem.detail
+    assert res.verdict.status in ("INVALID", "FAIL")  # never PASS
+
+
+def test_duration_auto_is_max_duration_with_stop_on_fail_unless_set_false() -> None:
+    """``run.duration = "auto"`` plans ``max_duration`` and turns stop_on_fail on; a config
+    that sets stop_on_fail false keeps it false; a later numeric duration is a fixed run."""
+    s = load_settings(overrides=["run.duration='auto'", "run.max_duration='20m'"])
+    assert (s.run.duration, s.run.auto_duration, s.run.stop_on_fail) == (1200.0, True, True)
+    s = load_settings(overrides=["run.duration='auto'", "run.stop_on_fail=false"])
+    assert (s.run.auto_duration, s.run.stop_on_fail) == (True, False)
+    s = load_settings(overrides=["run.duration='auto'"], flags={"run.duration": 30.0})
+    assert (s.run.duration, s.run.auto_duration) == (30.0, False)
+
+
+def test_a_look_waits_on_every_criterion_that_is_not_pass_but_the_run_itself() -> None:
+    """The run's own validity (a running run is never complete) is not waited on; a FAIL,
+    an INVALID (an undecided trend) is; PASS and n/a are decided."""
+    statuses = [("run", "invalid"), ("drops", "pass"), ("memory_gpu", "n/a"),
+                ("memory_rss", "invalid"), ("jitter", "fail")]  # fmt: skip
+    assert undecided(statuses) == ["memory_rss", "jitter"]
+
+
+def test_a_flat_but_noisy_trend_passes_a_fixed_run_and_is_undecided_in_an_auto_one() -> None:
+    """The same 60 s of a flat RSS too noisy to see 1.5 MB/min: PASS on a fixed-length
+    run (not significant), INVALID "undecided" on a duration = "auto" one."""
+
+    def noisy(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + rng.normal(0, 6 * MIB, t.size)
+
+    crit = CriteriaSettings(min_duration_s=10, floor_window_s=2)
+    data = planted(dur=60.0, rss=noisy)
+    assert judge(data, crit).get("memory_rss").status == "pass"  # type: ignore[union-attr]
+    data.meta.config = {"run": {"auto_duration": True}}
+    mem = judge(data, crit).get("memory_rss")
+    assert mem is not None and mem.status == "invalid" and mem.detail.startswith("undecided")
