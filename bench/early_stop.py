@@ -32,8 +32,13 @@ FAULT_NAMES = ("leak", "leak-under-sawtooth", "overload", "errors", "slowing-mod
 
 def _run(name: str, sets: tuple[str, ...], duration: float, db: Path) -> dict[str, Any]:
     args = [a for kv in (*BASE, *sets) for a in ("--set", kv)]
-    cmd = [sys.executable, "-m", "soakd", "run", "--no-live", "--db", str(db),
-           "--duration", f"{duration:g}", *args]  # fmt: skip
+    # --duration would beat a --set run.duration='auto' (flags beat --set)
+    fixed = (
+        []
+        if any(kv.startswith("run.duration=") for kv in sets)
+        else ["--duration", f"{duration:g}"]
+    )
+    cmd = [sys.executable, "-m", "soakd", "run", "--no-live", "--db", str(db), *fixed, *args]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=duration * 4)
     with sqlite3.connect(db) as conn:
         rid, verdict, dur = conn.execute(
@@ -44,17 +49,26 @@ def _run(name: str, sets: tuple[str, ...], duration: float, db: Path) -> dict[st
             " AND kind = 'early_stop'",
             (rid,),
         ).fetchone()
+        decided = conn.execute(
+            "SELECT t FROM events WHERE run_id = ? AND kind = 'decided'", (rid,)
+        ).fetchone()
     return {"name": name, "verdict": verdict, "exit": proc.returncode, "duration_s": dur,
-            "stopped_by": stop[0] if stop else None}  # fmt: skip
+            "stopped_by": stop[0] if stop else None,
+            "decided": f"decided at {decided[0]:.0f} s" if decided else None}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=40.0, help="planned seconds a run")
     ap.add_argument("--seeds", type=int, default=10, help="healthy soaks with stop_on_fail")
+    ap.add_argument(
+        "--auto", action="store_true", help='the fixed length against run.duration = "auto"'
+    )
     a = ap.parse_args(argv)
     faults = [f for f in FAULTS if f.name in FAULT_NAMES]
     jobs: list[tuple[str, tuple[str, ...]]] = []
+    if a.auto:
+        return _auto(a, faults)
     for f in faults:
         jobs += [
             (f"{f.name}|fixed", f.settings),
@@ -94,6 +108,45 @@ def main(argv: list[str] | None = None) -> int:
         f"not PASS: {len(not_pass)} {[(r['name'], r['verdict']) for r in not_pass]}"
     )
     return 1 if bad or false_stops or not_pass else 0
+
+
+def _auto(a: argparse.Namespace, faults: list[Any]) -> int:
+    """Each fault and healthy seed soaked for the fixed length and with duration = "auto"
+    (max_duration the same): the verdicts must agree (a healthy auto run PASSes, or is
+    INVALID "undecided" where a fixed one PASSes untested: never a FAIL the fixed run does
+    not give), and the time each took."""
+    auto = ("run.duration='auto'", f"run.max_duration={a.duration:g}")
+    cases = [(f.name, f.settings) for f in faults]
+    cases += [
+        (f"healthy-{i}", ("workload.jitter=0.1", f"workload.seed={i}")) for i in range(a.seeds)
+    ]
+    jobs = [(f"{n}|fixed", sets) for n, sets in cases] + [
+        (f"{n}|auto", (*sets, *auto)) for n, sets in cases
+    ]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(3) as pool:
+        rows = list(pool.map(
+            lambda j: _run(j[0], j[1], a.duration, Path(tmp) / f"{j[0].replace('|', '-')}.db"),
+            jobs,
+        ))  # fmt: skip
+    by = {r["name"]: r for r in rows}
+    print(f"CPU: {cpu_model()}; fixed {a.duration:g} s, auto at most {a.duration:g} s\n")
+    print("| case | verdict, fixed | verdict, auto | auto ran | stopped by |")
+    print("|---|---|---|---:|---|")
+    bad, fail_t, pass_t = 0, [], []
+    for name, _ in cases:
+        fx, au = by[f"{name}|fixed"], by[f"{name}|auto"]
+        same = fx["verdict"] == au["verdict"]
+        worse = au["verdict"] == "FAIL" and fx["verdict"] != "FAIL"
+        bad += worse or (au["verdict"] == "PASS" and fx["verdict"] != "PASS")
+        (fail_t if au["verdict"] == "FAIL" else pass_t).append(au["duration_s"] / fx["duration_s"])
+        flag = "" if same else (" **worse**" if worse else " (differs)")
+        print(f"| {name} | {fx['verdict']} | {au['verdict']}{flag} | {au['duration_s']:.1f} s "
+              f"| {au['stopped_by'] or au['decided'] or '-'} |")  # fmt: skip
+    if fail_t:
+        print(f"\nmedian time to a FAIL: {statistics.median(fail_t):.0%} of the fixed length")
+    if pass_t:
+        print(f"median time to a PASS or INVALID: {statistics.median(pass_t):.0%}")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -1,23 +1,25 @@
 """``run.duration = "auto"``: end the run as soon as every criterion is decided.
 
 After ``criteria.min_duration_s`` and then every ``max(LOOK_MIN_S, LOOK_SHARE x elapsed)``,
-an observer judges what the run has stored so far (``soakd gate RUN_ID -f json`` in a
-process of its own, waited on by a thread of its own: the judgement's memory never lands in
-this process's RSS, which the memory criteria judge, and the monitor's once-a-second
-snapshot is never held up) and stops the run, completed, when every criterion but the run's
-own validity is PASS or n/a. A trend counts as PASS on such a run only when it was tested
-and its smallest detectable slope is at or under its tolerance
-(``criteria.base.undecided_trend``): the run could have seen growth at the tolerance and did
-not. A FAIL at a look is not decided (it may still pass at full length); a criterion that
-can no longer pass stops the run through ``run.stop_on_fail``, which ``duration = "auto"``
-turns on. The run stores a ``decided`` event with when and each trend's detectable slope,
-and the verdict says "decided after ...". A run that reaches ``run.max_duration`` undecided
-keeps its undecided trends INVALID: never PASS.
+an observer judges what the run has stored so far (``python -m soakd.run.auto_duration
+RUN_ID DB`` in a process of its own, which prints one short line, waited on by one thread
+started with the run: the judgement's memory never lands in this process's RSS, which the
+memory criteria judge, and the monitor's once-a-second snapshot is never held up) and stops
+the run, completed, when every criterion but the run's own validity is PASS or n/a. A trend
+counts as PASS on such a run only when it was tested and its smallest detectable slope is at
+or under its tolerance (``criteria.base.undecided_trend``): the run could have seen growth
+at the tolerance and did not. A FAIL at a look is not decided (it may still pass at full
+length); a criterion that can no longer pass stops the run through ``run.stop_on_fail``,
+which ``duration = "auto"`` turns on. The run stores a ``decided`` event with when and each
+trend's detectable slope, and the verdict says "decided after ...". A run that reaches
+``run.max_duration`` undecided keeps its undecided trends INVALID: never PASS.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import queue
 import subprocess
 import sys
 import threading
@@ -44,8 +46,10 @@ LOOK_TIMEOUT_S = 120.0
 
 
 class AutoDuration(Observer):
-    """Judges the stored run from ``min_s`` on and, once every criterion is decided, stores
-    a ``decided`` event (``event``) and ends the run as completed (``stop()``)."""
+    """Judges the stored run from ``criteria.min_duration_s`` on and, once every criterion
+    is decided, stores a ``decided`` event (``event``) and ends the run as completed
+    (``stop()``). One worker thread, started with the run, does every look: what it
+    allocates is allocated in the warm-up, not as a step in the measured RSS."""
 
     def __init__(
         self,
@@ -57,70 +61,92 @@ class AutoDuration(Observer):
         self.crit, self._event, self._stop = crit, event, stop
         self._run: tuple[str, Path] | None = None
         self._next = float(crit.min_duration_s)
-        self._thread: threading.Thread | None = None
+        self._looks: queue.Queue[float | None] = queue.Queue(maxsize=1)
+        self._worker = threading.Thread(target=self._work, name="soakd-auto-duration", daemon=True)
         self.waiting: list[str] = []  # what the last look was still waiting on
         self.decided_at: float | None = None
 
     def on_run_start(self, info: RunInfo) -> None:
         self._run = (info.run_id, info.db_path)
+        self._worker.start()
 
     def on_progress(self, progress: Progress) -> None:
-        busy = self._thread is not None and self._thread.is_alive()
-        if self.decided_at is not None or progress.warmup or busy or self._run is None:
+        if self.decided_at is not None or progress.warmup or self._run is None:
             return
         if progress.elapsed_s < self._next:
             return
+        try:
+            self._looks.put_nowait(progress.elapsed_s)
+        except queue.Full:  # the last look is still going
+            return
         self._next = progress.elapsed_s + max(LOOK_MIN_S, LOOK_SHARE * progress.elapsed_s)
-        self._thread = threading.Thread(
-            target=self._look, args=(progress.elapsed_s,), name="soakd-auto-duration", daemon=True
-        )
-        self._thread.start()
+
+    def _work(self) -> None:
+        while (elapsed := self._looks.get()) is not None:
+            self._look(elapsed)
 
     def _look(self, elapsed: float) -> None:
         assert self._run is not None
-        run_id, db = self._run
         try:
-            doc = judge_stored(run_id, db)
+            rows = judge_stored(*self._run)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             log.warning("auto duration: the run could not be judged yet", error=str(exc))
             return  # retried at the next look
-        criteria = doc.get("criteria") or []
-        self.waiting = undecided((c.get("criterion", ""), c.get("status", "")) for c in criteria)
-        if self.waiting or not criteria:
+        self.waiting = undecided((name, status) for name, status, _mds, _unit in rows)
+        detect = {n: {"slope": m, "unit": u} for n, _s, m, u in rows if m is not None}
+        log.info("auto duration", t=round(elapsed, 1), waiting=self.waiting, detectable=detect)
+        if self.waiting or not rows:
             return
         self.decided_at = elapsed
-        detect = {
-            c["criterion"]: {
-                "slope": (c.get("evidence") or {}).get("min_detectable_slope"),
-                "unit": c.get("unit"),
-            }
-            for c in criteria
-            if "decided_by" in (c.get("evidence") or {})
-        }
         data: dict[str, Any] = {"after_s": elapsed, "detectable": detect}
         msg = f"every criterion decided after {elapsed:.0f} s"
         self._event(Event(DECIDED_EVENT, elapsed, time.time(), msg, data=data))
         self._stop()
 
     def on_stopping(self, reason: str) -> None:
-        """A look in flight finishes (or is left, after 30 s) before the run closes its
-        store."""
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30.0)
+        """The worker ends (a look in flight finishes, or is left after 30 s) before the
+        run closes its store."""
+        try:
+            self._looks.put(None, timeout=30.0)
+        except queue.Full:
+            return
+        if self._worker.is_alive() and self._worker is not threading.current_thread():
+            self._worker.join(timeout=30.0)
 
 
-def judge_stored(run_id: str, db: Path) -> dict[str, Any]:
-    """The stored run judged so far: ``soakd gate RUN_ID -f json`` in a process of its own,
-    so that loading and judging the run never adds to this process's RSS (the memory
-    criteria judge it) nor holds the GIL from the pacer."""
-    cmd = [sys.executable, "-m", "soakd", "gate", run_id, "--db", str(db), "-f", "json"]
+Row = tuple[str, str, float | None, str | None]
+
+
+def judge_stored(run_id: str, db: Path) -> list[Row]:
+    """The stored run judged so far, in a process of its own (``python -m
+    soakd.run.auto_duration RUN_ID DB``): loading and judging the run never adds to this
+    process's RSS (the memory criteria judge it) nor holds the GIL from the pacer, and
+    what comes back is one short line: each criterion's (name, status, smallest detectable
+    slope of a trend, unit)."""
+    cmd = [sys.executable, "-m", "soakd.run.auto_duration", run_id, str(db)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LOOK_TIMEOUT_S)
-    if proc.returncode not in (0, 1, 3):  # PASS, FAIL, INVALID: judged
-        raise ValueError(f"soakd gate exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
-    doc = json.loads(proc.stdout)
-    if not isinstance(doc, dict):
-        raise ValueError("soakd gate -f json printed no object")
-    return doc
+    if proc.returncode != 0:
+        raise ValueError(f"the judging process exited {proc.returncode}: {proc.stderr[-300:]}")
+    rows = json.loads(proc.stdout)
+    return [(str(n), str(s), None if m is None else float(m), u) for n, s, m, u in rows]
+
+
+def _judge_here(run_id: str, db: str) -> list[list[Any]]:
+    """What ``judge_stored`` asks of its child: the run judged by its own criteria."""
+    from soakd.analysis import evaluate
+    from soakd.store.db import connect
+
+    conn = connect(db, readonly=True)
+    try:
+        _data, verdict = evaluate(conn, run_id)
+    finally:
+        conn.close()
+    rows = []
+    for c in verdict.criteria:
+        mds = c.evidence.get("min_detectable_slope") if "decided_by" in c.evidence else None
+        seen = float(mds) if mds is not None and math.isfinite(float(mds)) else None
+        rows.append([c.criterion, c.status, seen, c.unit])
+    return rows
 
 
 def watch_auto_duration(
@@ -130,3 +156,7 @@ def watch_auto_duration(
     if not settings.run.auto_duration:
         return []
     return [AutoDuration(settings.criteria, event=event, stop=stop)]
+
+
+if __name__ == "__main__":
+    print(json.dumps(_judge_here(sys.argv[1], sys.argv[2])))

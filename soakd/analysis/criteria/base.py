@@ -120,14 +120,21 @@ class Context:
         """``run.duration = "auto"``: a trend passes only once it is decided."""
         return bool(self.data.meta.setting("run", "auto_duration"))
 
+    @property
+    def decided(self) -> bool:
+        """The run stopped because a look found every criterion decided (its ``decided``
+        event): the second or so stored after that look does not undo it."""
+        return any(e.get("kind") == DECIDED_EVENT for e in self.data.events)
+
 
 def undecided_trend(
     ctx: Context, call: TrendCall, tr: stats.Trend, per: float, tol: float, unit: str
 ) -> str | None:
     """For a ``run.duration = "auto"`` run, why a trend that passed is not decided: it was
     not tested (only bounded), or this run could not have seen growth at its tolerance (the
-    smallest detectable slope is above it). None when decided, or for a fixed-length run."""
-    if not ctx.auto:
+    smallest detectable slope is above it). None when decided (at a look that stopped the
+    run, or now), or for a fixed-length run."""
+    if not ctx.auto or ctx.decided:
         return None
     mds = tr.mds * per
     if call.how == "trend" and math.isfinite(mds) and mds <= tol:
