@@ -57,6 +57,17 @@ def _run(name: str, sets: tuple[str, ...], duration: float, db: Path) -> dict[st
             "decided": f"decided at {decided[0]:.0f} s" if decided else None}  # fmt: skip
 
 
+def _soak_all(jobs: list[tuple[str, tuple[str, ...]]], duration: float) -> dict[str, Any]:
+    """Every (name, settings) soaked, three at a time, each on its own database: rows by
+    name."""
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(3) as pool:
+        rows = list(pool.map(
+            lambda j: _run(j[0], j[1], duration, Path(tmp) / f"{j[0].replace('|', '-')}.db"),
+            jobs,
+        ))  # fmt: skip
+    return {r["name"]: r for r in rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=40.0, help="planned seconds a run")
@@ -77,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(a.seeds):
         jobs.append((f"healthy-{seed}|early", ("workload.jitter=0.1", f"workload.seed={seed}",
                                                  "run.stop_on_fail=true")))  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(3) as pool:
-        rows = list(pool.map(
-            lambda j: _run(j[0], j[1], a.duration, Path(tmp) / f"{j[0].replace('|', '-')}.db"),
-            jobs,
-        ))  # fmt: skip
-    by = {r["name"]: r for r in rows}
+    by = _soak_all(jobs, a.duration)
     print(f"CPU: {cpu_model()}; planned {a.duration:g} s a run\n")
     print("| planted fault | verdict, whole length | verdict, stop_on_fail | ran | stopped by |")
     print("|---|---|---|---:|---|")
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nmedian time to the verdict with stop_on_fail: {statistics.median(ratios):.0%} of"
         " the whole length"
     )
-    healthy = [r for r in rows if r["name"].startswith("healthy-")]
+    healthy = [r for r in by.values() if r["name"].startswith("healthy-")]
     false_stops = [r for r in healthy if r["stopped_by"]]
     not_pass = [r for r in healthy if r["verdict"] != "PASS"]
     print(
@@ -123,12 +129,7 @@ def _auto(a: argparse.Namespace, faults: list[Any]) -> int:
     jobs = [(f"{n}|fixed", sets) for n, sets in cases] + [
         (f"{n}|auto", (*sets, *auto)) for n, sets in cases
     ]
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(3) as pool:
-        rows = list(pool.map(
-            lambda j: _run(j[0], j[1], a.duration, Path(tmp) / f"{j[0].replace('|', '-')}.db"),
-            jobs,
-        ))  # fmt: skip
-    by = {r["name"]: r for r in rows}
+    by = _soak_all(jobs, a.duration)
     print(f"CPU: {cpu_model()}; fixed {a.duration:g} s, auto at most {a.duration:g} s\n")
     print("| case | verdict, fixed | verdict, auto | auto ran | stopped by |")
     print("|---|---|---|---:|---|")

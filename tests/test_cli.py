@@ -231,8 +231,9 @@ REPORTING = ("report", "sweep", "compare", "profile", "show", "runs", "export")
 TAKING_A_RUN = ("show", "report", "gate", "compare", "baseline set", "export")
 
 
-def _commands() -> dict[str, Any]:
-    """Every leaf command by its path after `soakd` (e.g. "baseline set")."""
+def cli_commands() -> dict[str, Any]:
+    """Every leaf command of the typer app by its path after `soakd` (e.g. "baseline set");
+    tests/test_cli_grammar.py walks them too."""
     out: dict[str, Any] = {}
 
     def walk(cmd: Any, path: str) -> None:
@@ -261,7 +262,7 @@ def _options(cmd: Any) -> dict[str, Any]:
 def test_every_command_uses_the_same_option_names_for_the_same_ideas() -> None:
     """Every reporting command has -f/--format and -o/--output; every command taking a run
     has --latest, --mode and --db; --set always reads KEY=VALUE; no visible --json is left."""
-    cmds = _commands()
+    cmds = cli_commands()
     assert set(REPORTING) | set(TAKING_A_RUN) <= set(cmds)
     for path, cmd in cmds.items():
         opts = _options(cmd)

@@ -15,9 +15,8 @@ import typer.core
 import typer.main
 from typer._click.core import Context
 
-from soakd.cli import app
-
 from .conftest import SYNTH_CLI, run_cli
+from .test_cli import cli_commands
 
 pytestmark = pytest.mark.slow
 
@@ -56,22 +55,6 @@ METAVARS = {
 CHOICE_OPTIONS = ("--format", "--mode", "--table")
 
 
-def _commands() -> dict[str, Any]:
-    """Every leaf command by its path after `soakd` (e.g. "plan show")."""
-    out: dict[str, Any] = {}
-
-    def walk(cmd: Any, path: str) -> None:
-        subs = getattr(cmd, "commands", None)
-        if subs is None:
-            out[path] = cmd
-            return
-        for name, sub in subs.items():
-            walk(sub, f"{path} {name}".strip())
-
-    walk(typer.main.get_command(app), "")
-    return out
-
-
 def _key(p: Any) -> str:
     """An option by its long name, an argument by its parameter name."""
     if isinstance(p, typer.core.TyperArgument):
@@ -88,7 +71,7 @@ def _format_values(cmd: Any) -> list[str]:
 def test_every_placeholder_in_help_matches_the_table() -> None:
     """Every visible option that takes a value and every argument shows the table's
     placeholder (a fixed set of values shows the values), in the help text itself."""
-    for path, cmd in _commands().items():
+    for path, cmd in cli_commands().items():
         ctx = Context(cmd, info_name=path)
         for p in cmd.params:
             if getattr(p, "hidden", False) or getattr(p, "is_flag", False):
@@ -109,7 +92,7 @@ def test_every_placeholder_in_help_matches_the_table() -> None:
 def test_every_command_with_a_format_writes_to_a_file_too() -> None:
     """A command that takes -f/--format (it writes a report or a listing) takes -o/--output
     FILE as well."""
-    for path, cmd in _commands().items():
+    for path, cmd in cli_commands().items():
         if _format_values(cmd):
             opts = {o for p in cmd.params for o in getattr(p, "opts", ())}
             assert {"-o", "--output"} <= opts, path
@@ -193,7 +176,7 @@ def test_every_command_with_json_output_takes_the_old_json_flag(world: dict[str,
     """For every command whose -f offers json: `--json` prints what `-f json` prints (the
     same document; a fresh measurement the same shape), stays out of --help, and with
     another -f is one usage error line, exit 2."""
-    with_json = {path: cmd for path, cmd in _commands().items() if "json" in _format_values(cmd)}
+    with_json = {path: cmd for path, cmd in cli_commands().items() if "json" in _format_values(cmd)}
     assert set(with_json) == set(CALLS), "a command with -f json: add it to CALLS"
     for path, cmd in with_json.items():
         new = _call(path, cmd, world, 0, "-f", "json")

@@ -71,8 +71,6 @@ class EarlyStop(Observer):
             self._base[rec.stream] = counts
             return
         self._last[rec.stream] = counts
-        live.dropped = sum(d - self._base.get(s, (0, 0))[0] for s, (d, _) in self._last.items())
-        live.stale = sum(x - self._base.get(s, (0, 0))[1] for s, (_, x) in self._last.items())
         live.rows += 1
         live.errors += rec.error is not None
         if not rec.skipped:
@@ -95,6 +93,13 @@ class EarlyStop(Observer):
             if v is not None:
                 live.values.setdefault(col, []).append(float(v))
 
+    def _count_losses(self) -> None:
+        """Dropped and stale since t0, every stream's running counters less their value at
+        the end of the warm-up (counted at the look, not at every frame)."""
+        base = self._base
+        self.live.dropped = sum(d - base.get(s, (0, 0))[0] for s, (d, _) in self._last.items())
+        self.live.stale = sum(x - base.get(s, (0, 0))[1] for s, (_, x) in self._last.items())
+
     def _torch_ooms(self, v: Any) -> None:
         if v is None:
             return
@@ -107,6 +112,7 @@ class EarlyStop(Observer):
         if self.fired or progress.warmup or self.live.t0 is None:
             return
         self.live.now = progress.elapsed_s
+        self._count_losses()
         for module in self.criteria:
             found = module.early_fail(self.live, self.crit)
             if found is not None:

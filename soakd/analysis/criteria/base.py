@@ -20,14 +20,7 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.digest import FrameDigest
-from soakd.analysis.model import (
-    FAIL,
-    INVALID,
-    NA,
-    PASS,
-    CriterionResult,
-    RunData,
-)
+from soakd.analysis.model import FAIL, INVALID, NA, PASS, CriterionResult, RunData
 from soakd.config import CriteriaSettings
 
 #: the event a run stores when a criterion that can no longer pass ends it early

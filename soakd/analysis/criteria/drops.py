@@ -9,20 +9,9 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import stats
-from soakd.analysis.criteria.base import (
-    Context,
-    EarlyFail,
-    Live,
-    trend_fields,
-)
+from soakd.analysis.criteria.base import Context, EarlyFail, Live, trend_fields
 from soakd.analysis.losses import count_losses
-from soakd.analysis.model import (
-    FAIL,
-    PASS,
-    CriterionResult,
-    RunData,
-    age_window_s,
-)
+from soakd.analysis.model import FAIL, PASS, CriterionResult, RunData, age_window_s
 from soakd.config import CriteriaSettings
 
 

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.analysis.criteria.base import (
-    Context,
-    EarlyFail,
-    Live,
-)
-from soakd.analysis.model import (
-    FAIL,
-    PASS,
-    CriterionResult,
-)
+from soakd.analysis.criteria.base import Context, EarlyFail, Live
+from soakd.analysis.model import FAIL, PASS, CriterionResult
 from soakd.config import CriteriaSettings
 
 

@@ -22,13 +22,7 @@ from soakd.analysis.criteria.base import (
     untested,
 )
 from soakd.analysis.digest import FrameDigest
-from soakd.analysis.model import (
-    FAIL,
-    INVALID,
-    PASS,
-    CriterionResult,
-    age_window_s,
-)
+from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, age_window_s
 
 
 def _age_series(ctx: Context) -> tuple[str, str, str, np.ndarray, np.ndarray]:

@@ -5,10 +5,7 @@ from __future__ import annotations
 from soakd.analysis import devices
 from soakd.analysis.criteria.base import Context
 from soakd.analysis.criteria.memory import judge_memory_metric
-from soakd.analysis.model import (
-    CriterionResult,
-    floor_window_s,
-)
+from soakd.analysis.model import CriterionResult, floor_window_s
 
 
 def judge_gpu_devices(ctx: Context) -> list[CriterionResult]:

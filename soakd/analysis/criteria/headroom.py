@@ -11,17 +11,8 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import server
-from soakd.analysis.criteria.base import (
-    Context,
-)
-from soakd.analysis.model import (
-    FAIL,
-    INVALID,
-    MEMORY_METRICS,
-    MIB,
-    PASS,
-    CriterionResult,
-)
+from soakd.analysis.criteria.base import Context
+from soakd.analysis.model import FAIL, INVALID, MEMORY_METRICS, MIB, PASS, CriterionResult
 
 
 def _memory_limit(ctx: Context, name: str) -> tuple[float, str, float] | None:

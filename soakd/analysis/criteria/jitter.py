@@ -13,16 +13,8 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.chunks import judged_intervals
-from soakd.analysis.criteria.base import (
-    Context,
-    generator_intervals,
-)
-from soakd.analysis.model import (
-    FAIL,
-    PASS,
-    CriterionResult,
-    jitter_allowed,
-)
+from soakd.analysis.criteria.base import Context, generator_intervals
+from soakd.analysis.model import FAIL, PASS, CriterionResult, jitter_allowed
 from soakd.config import CriteriaSettings
 
 DEFAULT_JITTER_K = 5.0  # used when jitter_k = "history" has too little history

@@ -7,19 +7,8 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import server, stats
-from soakd.analysis.criteria.base import (
-    Context,
-    TrendCall,
-    call_trend,
-    trend_fields,
-)
-from soakd.analysis.model import (
-    FAIL,
-    INVALID,
-    PASS,
-    CriterionResult,
-    floor_window_s,
-)
+from soakd.analysis.criteria.base import Context, TrendCall, call_trend, trend_fields
+from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, floor_window_s
 
 
 def judge_server_queue(ctx: Context) -> list[CriterionResult]:

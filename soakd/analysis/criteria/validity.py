@@ -5,17 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.analysis.criteria.base import (
-    DECIDED_EVENT,
-    Context,
-    finite,
-)
-from soakd.analysis.model import (
-    INVALID,
-    PASS,
-    CriterionResult,
-    RunData,
-)
+from soakd.analysis.criteria.base import DECIDED_EVENT, Context, finite
+from soakd.analysis.model import INVALID, PASS, CriterionResult, RunData
 
 
 def judge_run_validity(ctx: Context) -> CriterionResult:
