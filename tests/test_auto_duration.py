@@ -62,11 +62,13 @@ def test_a_leaking_auto_run_fails_early(synthetic: Callable[..., Settings]) -> N
 def test_an_auto_run_that_cannot_decide_by_max_duration_is_invalid_never_pass(
     synthetic: Callable[..., Settings],
 ) -> None:
-    """A memory tolerance of 0.001 MB/min, which 8 s cannot resolve (stop_on_fail off, so
-    nothing stops it early): the run goes to its max_duration, never decided, and its memory
-    trend is INVALID "undecided" or FAIL, never PASS."""
+    """A memory tolerance of 0.001 MB/min under an 8 MB, 0.7 s sawtooth, which 8 s cannot
+    resolve (stop_on_fail off, so nothing stops it early): the run goes to its
+    max_duration, never decided, and its memory trend is INVALID or FAIL, never PASS. (An
+    RSS with not a page of change would be decided: nothing could hide 0.001 MB/min.)"""
     s = synthetic(*AUTO, "run.max_duration=8", "criteria.max_memory_growth_mb_per_min=0.001",
-                  "run.stop_on_fail=false")  # fmt: skip
+                  "run.stop_on_fail=false", "workload.sawtooth_mb=8",
+                  "workload.sawtooth_period_s=0.7")  # fmt: skip
     res = run_soak(s)
     assert res.status == "completed" and res.duration_s >= 7.9 and not _events(s, "decided")
     mem = res.verdict.get("memory_rss")

@@ -362,3 +362,21 @@ def test_gate_runs_and_report_read_a_database_in_a_read_only_folder_as_another_u
     assert m.returncode == 0, m.stderr[-2000:]
     assert db.read_bytes() == before
     assert sorted(p.name for p in open_dir.iterdir()) == ["soakd.db"]
+
+
+def test_a_disk_that_fills_as_the_run_closes_is_named_disk_full(
+    synthetic: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk filling at the run's last write (closing its row) is the same one line as
+    mid-run: 'disk full while writing the run database', exit 4, not SQLite's own words."""
+    from soakd.errors import SoakdError
+    from soakd.store import runs
+
+    def full(*_a: Any, **_k: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(runs, "close_run", full)
+    with pytest.raises(SoakdError) as info:
+        run_soak(synthetic("run.duration=1"))
+    assert "disk full while writing the run database (closing the run)" in str(info.value)
+    assert info.value.exit_code == ExitCode.INTERNAL

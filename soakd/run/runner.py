@@ -729,7 +729,8 @@ class Run:
                 summary=result.summary,
             )
         except Exception as exc:
-            raise SoakdError(f"{self.db_path}: cannot close the run: {exc}") from exc
+            why = store.describe_store_error(self.db_path, exc)
+            raise SoakdError(f"{why} (closing the run)") from exc
         result.verdict = self._judge(conn, result) if self.judge else None
         result.exit_code = exit_code(self._outcome, result.verdict)
         self._store_exit_code(conn, int(result.exit_code))

@@ -140,7 +140,9 @@ def is_locked(exc: BaseException) -> bool:
     return "is locked" in str(exc)
 
 
-def _describe_os_error(path: Path, exc: BaseException) -> str:
+def describe_store_error(path: Path, exc: BaseException) -> str:
+    """One line naming what went wrong with the run database at ``path`` (locked,
+    read-only, disk full, damaged, ...), for whichever step met ``exc``."""
     msg = str(exc)
     if is_locked(exc):
         return (
@@ -272,7 +274,7 @@ def connect(
             _check_schema(conn, p)
             conn.execute("SELECT 1 FROM runs LIMIT 1")
         except sqlite3.Error as exc:
-            raise StoreError(_describe_os_error(p, exc)) from None
+            raise StoreError(describe_store_error(p, exc)) from None
         conn.row_factory = sqlite3.Row
         return conn
     if p.parent and not p.parent.exists():
@@ -296,7 +298,7 @@ def connect(
     except sqlite3.DatabaseError as exc:
         if "file is not a database" in str(exc):
             raise StoreError(f"{p}: not an SQLite database") from None
-        raise StoreError(_describe_os_error(p, exc)) from None
+        raise StoreError(describe_store_error(p, exc)) from None
     conn.row_factory = sqlite3.Row
     return conn
 
@@ -559,7 +561,7 @@ class StoreWriter:
             conn.execute("PRAGMA synchronous=NORMAL")
             self._run(conn)
         except BaseException as exc:  # recorded and re-raised by the runner
-            self.error = StoreError(_describe_os_error(self.path, exc))
+            self.error = StoreError(describe_store_error(self.path, exc))
         finally:
             if conn is not None:
                 conn.close()
