@@ -185,6 +185,15 @@ EARLY = (
            "if r.criterion == named[0]), None)", (EARLY_TESTS,)),
     Mutant("OOM events not counted while the run goes (#22)", "soakd/run/early_stop.py",
            'elif event.kind == "oom":', 'elif event.kind == "never":', (EARLY_TESTS,)),
+    Mutant("every frame-age look tested at the full alpha (#22)", C_FRAME_AGE,
+           "alpha = stats.look_alpha(crit.alpha, live.fraction, prev)", "alpha = crit.alpha",
+           (EARLY_TESTS,)),
+    Mutant("a creeping frame age never stops a run early (#22)", C_FRAME_AGE,
+           'if call_trend(tr, t, y, alpha, tol / 60).how != "rising":', "if True:",
+           (EARLY_TESTS,)),
+    Mutant("frame age stops a run under its tolerance (#22)", C_FRAME_AGE,
+           'if call_trend(tr, t, y, alpha, tol / 60).how != "rising":',
+           'if call_trend(tr, t, y, alpha, 0.0).how != "rising":', (EARLY_TESTS,)),
 )  # fmt: skip
 
 MUTANTS = (
@@ -372,6 +381,9 @@ def main(argv: list[str]) -> int:
     # --only TEXT: just the mutants whose name contains TEXT (to rerun one after a fix)
     only = argv[argv.index("--only") + 1] if "--only" in argv[:-1] else ""
     chosen = tuple(m for m in MUTANTS if only in m.name)
+    if not chosen:
+        print(f"no mutant's name contains {only!r}", file=sys.stderr)
+        return 2
     results: list[tuple[Mutant, str, float]] = []
     with tempfile.TemporaryDirectory(prefix="soakd-mutate-") as tmp:
         copy = _copy_project(Path(tmp))

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from soakd.analysis import judge
+from soakd.analysis.criteria import frame_age as frame_age_criterion
 from soakd.analysis.criteria import memory as memory_criterion
 from soakd.analysis.criteria.base import Live
 from soakd.analysis.data import make_run_data
 from soakd.analysis.model import RunMeta
-from soakd.analysis.stats import look_alpha, obrien_fleming_spent
+from soakd.analysis.stats import look_alpha, obrien_fleming_spent, trend
 from soakd.config import CriteriaSettings, Settings
 from soakd.observers.base import Progress
 from soakd.records import Event
@@ -71,6 +72,27 @@ def test_a_fast_leak_stops_the_run_at_a_look_that_has_spent_little_alpha(synthet
     assert res.status == "aborted" and res.duration_s < 20, res.reason
     assert [e[2] for e in events] == ["memory_rss"]
     assert res.verdict.status == "FAIL" and res.verdict.get("memory_rss").status == "fail"
+
+
+def test_a_growing_backlog_stops_the_run_on_its_frame_age(synthetic) -> None:
+    """Consume oldest, a 52 ms model at 20 fps, a deep queue of tiny frames: frame age
+    creeps ~2 s/min while memory stays flat, and the 30 s run stops at under half its
+    length, FAIL on frame_age, the event naming it."""
+    res, events = _soak(
+        synthetic,
+        "run.duration=30",
+        "run.consume='oldest'",
+        "run.max_queue=4096",
+        "source.width=8",
+        "source.height=8",
+        "workload.infer_ms=50",
+        "workload.pre_ms=1",
+        "workload.decode_ms=1",
+        "criteria.max_memory_growth_mb_per_min=1000",
+    )
+    assert res.status == "aborted" and res.duration_s < 15, res.reason
+    assert [e[2] for e in events] == ["frame_age"]
+    assert res.verdict.status == "FAIL" and res.verdict.get("frame_age").status == "fail"
 
 
 def test_a_healthy_run_with_stop_on_fail_runs_its_whole_length(synthetic) -> None:
@@ -144,6 +166,49 @@ def test_a_look_early_in_the_run_spends_only_its_share_of_alpha() -> None:
     assert memory_criterion.early_fail(_leak_live(10.0), crit) is None
     late = memory_criterion.early_fail(_leak_live(95.0), crit)
     assert late is not None and late.criterion == "memory_rss", late
+
+
+def _age_live(now: float, slope_ms_per_s: float, planned_s: float = 100.0) -> Live:
+    """Frames at 10 fps from the end of the warm-up (t0 = 0) to ``now``, their age 20 ms
+    plus ``slope_ms_per_s`` per second and a little noise, added one by one."""
+    live = Live(planned_s=planned_s, fps=10.0, streams=1, now=now, t0=0.0)
+    rng = np.random.default_rng(0)
+    for t in np.arange(0.0, now, 0.1):
+        live.add_age(float(t), 20.0 + slope_ms_per_s * t + rng.normal(0, 2.0))
+    return live
+
+
+def test_live_frame_age_keeps_one_median_per_closed_window() -> None:
+    """95 s of frames in 1 s windows (10 frames each at 10 fps): 94 closed windows, each
+    kept as its centre and median, the open one not yet."""
+    live = _age_live(95.0, 0.0)
+    assert live.age_window_s == 1.0
+    assert len(live.age_t) == len(live.age_ms) == 94
+    assert live.age_t[:2] == [0.5, 1.5]
+    assert abs(np.median(live.age_ms) - 20.0) < 1.0
+
+
+def test_a_creeping_frame_age_stops_the_run_only_at_a_look_with_enough_alpha() -> None:
+    """Age rising 120 ms/min, plain on 14 windows (significant at alpha = 0.01): not at 15 s
+    of a 100 s run (O'Brien–Fleming has spent next to nothing), but at 50 s, named
+    frame_age; a flat age never, nor a rise under max_age_slope_ms_per_min."""
+    crit = CriteriaSettings()
+    early = _age_live(15.0, 2.0)
+    tr = trend(np.asarray(early.age_t), np.asarray(early.age_ms), crit.alpha)
+    assert tr.rising(crit.alpha, crit.max_age_slope_ms_per_min / 60)  # a fixed alpha stops
+    assert frame_age_criterion.early_fail(early, crit) is None
+    late = frame_age_criterion.early_fail(_age_live(50.0, 2.0), crit)
+    assert late is not None and late.criterion == "frame_age", late
+    assert frame_age_criterion.early_fail(_age_live(95.0, 0.0), crit) is None
+    assert frame_age_criterion.early_fail(_age_live(95.0, 0.5), crit) is None  # 30 ms/min
+
+
+def test_a_generator_is_never_stopped_on_frame_age() -> None:
+    """A generator's frames are judged on their output intervals: its frame age is not
+    asked, however it rises."""
+    live = _age_live(95.0, 2.0)
+    live.generates = True
+    assert frame_age_criterion.early_fail(live, CriteriaSettings()) is None
 
 
 def test_an_oom_event_stops_the_run_at_the_next_look() -> None:

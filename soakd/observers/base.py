@@ -33,6 +33,7 @@ class RunInfo:
     config_hash: str
     mode: str = "soak"
     gpu_name: str | None = None
+    shape: str | None = None  # the workload's: staged, session, generator or rollout
 
 
 @dataclass(slots=True)

@@ -6,8 +6,9 @@ stale frames, OOMs and the telemetry since the end of the warm-up; the values of
 ``abort_on_fail`` thresholds' columns) and asks the criteria once a second, on the progress
 snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default false for
 ``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
-``max_drop_fraction`` of every tick the planned run can have, a memory floor rising
-significantly at the alpha an O'Brien–Fleming spending function gives this look. The
+``max_drop_fraction`` of every tick the planned run can have, a memory floor or the frame
+age (its window medians, ``Live.add_age``) rising significantly at the alpha an
+O'Brien–Fleming spending function gives this look. The
 ``abort_on_fail`` thresholds are asked always. The first that fails stores an
 ``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
 criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
@@ -26,10 +27,10 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.criteria.base import EARLY_STOP_EVENT, EarlyFail, Live
-from soakd.analysis.model import MEMORY_METRICS
+from soakd.analysis.model import GENERATOR_SHAPES, MEMORY_METRICS
 from soakd.analysis.verdict import CRITERIA
 from soakd.config import CriteriaSettings, Settings
-from soakd.observers.base import Observer, Progress
+from soakd.observers.base import Observer, Progress, RunInfo
 from soakd.records import Event, FrameRecord, Sample
 
 #: the telemetry columns the running criteria read
@@ -59,6 +60,9 @@ class EarlyStop(Observer):
         self._ooms_at: float | None = None  # the torch OOM counter's first reading
         self.fired: EarlyFail | None = None
 
+    def on_run_start(self, info: RunInfo) -> None:
+        self.live.generates = info.shape in GENERATOR_SHAPES
+
     def on_event(self, event: Event) -> None:
         if event.kind == "warmup_end" and self.live.t0 is None:
             self.live.t0 = event.t
@@ -73,6 +77,8 @@ class EarlyStop(Observer):
         self._last[rec.stream] = counts
         live.rows += 1
         live.errors += rec.error is not None
+        if not rec.skipped and rec.frame_age_ms is not None and rec.t_dispatch is not None:
+            live.add_age(rec.t_dispatch, rec.frame_age_ms)
         if not rec.skipped:
             for col in self._frame_columns:
                 v = getattr(rec, col, None)

@@ -339,7 +339,7 @@ class Run:
         self._frames = FrameSink(self._deliver_frames, self.t0_ns)
         self._writer_started = True
         built = self._build_stack(sources, audios, workload)
-        self._announce(env)
+        self._announce(env, workload.shape)
         self.obs.on_phase("warm-up" if self.settings.run.warmup_s > 0 else "first frame")
         self._run_stack(built)
         t_end_ns = self.clock.now_ns()
@@ -373,7 +373,7 @@ class Run:
             labels=s.run.labels,
         )
 
-    def _announce(self, env: dict[str, Any]) -> None:
+    def _announce(self, env: dict[str, Any], shape: str) -> None:
         s = self.settings
         info = RunInfo(
             run_id=self.run_id,
@@ -382,6 +382,7 @@ class Run:
             config_hash=s.config_hash(),
             mode=self.mode,
             gpu_name=env.get("gpu_name"),
+            shape=shape,
         )
         self.obs.on_run_start(info)
         self.log.info(

@@ -20,7 +20,15 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.digest import FrameDigest
-from soakd.analysis.model import FAIL, INVALID, NA, PASS, CriterionResult, RunData
+from soakd.analysis.model import (
+    FAIL,
+    INVALID,
+    NA,
+    PASS,
+    CriterionResult,
+    RunData,
+    age_window_s,
+)
 from soakd.config import CriteriaSettings
 
 #: the event a run stores when a criterion that can no longer pass ends it early
@@ -50,6 +58,7 @@ class Live:
     planned_s: float  # run.duration: the planned end, seconds from the start
     fps: float
     streams: int
+    generates: bool = False  # a frame generator: judged on output intervals, not frame age
     now: float = 0.0
     t0: float | None = None
     errors: int = 0  # measured frames that raised
@@ -63,6 +72,12 @@ class Live:
     rows: int = 0  # post-warm-up frame rows (dispatched or skipped)
     #: a criterion's previous look, as a fraction of the planned run (alpha spending)
     looked: dict[str, float] = field(default_factory=dict)
+    #: measured frames' age by window of the dispatch axis (``add_age``): the closed
+    #: windows' centres and medians, so a ten-hour run keeps at most MAX_WINDOWS of them
+    age_t: list[float] = field(default_factory=list)
+    age_ms: list[float] = field(default_factory=list)
+    _age_open: list[float] = field(default_factory=list)
+    _age_index: int = 0
 
     @property
     def lost(self) -> int:
@@ -75,6 +90,26 @@ class Live:
         if self.t0 is None or self.planned_s <= self.t0:
             return 0.0
         return min(max((self.now - self.t0) / (self.planned_s - self.t0), 0.0), 1.0)
+
+    @property
+    def age_window_s(self) -> float:
+        """The frame-age window of the planned measured span, as the verdict lays it."""
+        t0 = self.t0 if self.t0 is not None else 0.0
+        return age_window_s(max(self.planned_s - t0, 0.0), self.fps)
+
+    def add_age(self, t: float, ms: float) -> None:
+        """One measured frame's age, dispatched ``t`` s from the start: kept in the open
+        window, whose median is kept once a later frame falls past it."""
+        if self.t0 is None:
+            return
+        w = self.age_window_s
+        i = max(int((t - self.t0) / w), self._age_index)
+        if i != self._age_index and self._age_open:
+            self.age_t.append(self.t0 + (self._age_index + 0.5) * w)
+            self.age_ms.append(float(np.median(self._age_open)))
+            self._age_open.clear()
+        self._age_index = i
+        self._age_open.append(ms)
 
     def planned_ticks(self) -> float:
         """The most ticks the measured window can have (every stream's, one more each for

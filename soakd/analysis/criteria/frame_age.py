@@ -11,6 +11,8 @@ import numpy as np
 from soakd.analysis import stats
 from soakd.analysis.criteria.base import (
     Context,
+    EarlyFail,
+    Live,
     TrendCall,
     call_trend,
     detectability,
@@ -23,6 +25,7 @@ from soakd.analysis.criteria.base import (
 )
 from soakd.analysis.digest import FrameDigest
 from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, age_window_s
+from soakd.config import CriteriaSettings
 
 
 def _age_series(ctx: Context) -> tuple[str, str, str, np.ndarray, np.ndarray]:
@@ -230,3 +233,35 @@ def age_result(
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return [judge_frame_age(ctx)]
+
+
+#: frame-age windows between two looks while a run goes (each look spends alpha)
+LOOK_EVERY_WINDOWS = 5
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """Frame age rising significantly above ``max_age_slope_ms_per_min`` at this look's
+    share of alpha (O'Brien–Fleming over the planned run, ``stats.look_alpha``), tested as
+    the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
+    backlog that keeps growing stops the run without waiting for its planned end. A
+    generator's frames are judged on their output intervals, not on frame age: not asked."""
+    if live.t0 is None or live.fraction >= 1.0 or live.generates:
+        return None
+    prev = live.looked.get("frame_age", 0.0)
+    if (live.fraction - prev) * (live.planned_s - live.t0) < LOOK_EVERY_WINDOWS * (
+        live.age_window_s
+    ):
+        return None
+    alpha = stats.look_alpha(crit.alpha, live.fraction, prev)
+    live.looked["frame_age"] = live.fraction
+    t, y = np.asarray(live.age_t), np.asarray(live.age_ms)
+    tol = crit.max_age_slope_ms_per_min
+    tr = stats.trend(t, y, alpha)
+    if call_trend(tr, t, y, alpha, tol / 60).how != "rising":
+        return None
+    at = f"alpha {alpha:.2g} at {live.fraction:.0%} of the run"
+    return EarlyFail(
+        "frame_age",
+        f"rising {tr.slope * 60:.3g} ms/min over {tol:g} ms/min (p = {tr.p:.2g}), "
+        f"significant at this look's {at}",
+    )
