@@ -7,6 +7,13 @@ early stop would be a FAIL a full run would not have given). docs/benchmarks.md 
 
     .venv/bin/python -m bench.early_stop               # 40 s runs, 3 at a time (~5 min)
     .venv/bin/python -m bench.early_stop --duration 60 --seeds 20
+    .venv/bin/python -m bench.early_stop --auto --seeds 10 --duration 90
+    .venv/bin/python -m bench.early_stop --auto --issue --jobs 8   # fixed 10 min (~30 min)
+
+``--issue`` soaks the three faults issue 22 names (a 5 MB/min leak, a creeping frame age, an
+error storm) and the healthy seeds for a fixed 10 minutes with soakd's default criteria
+(4 s floor windows, 60 s minimum), and against ``duration = "auto"``, ``max_duration``
+10 minutes.
 
 Exits 1 when a pair's verdicts differ or a healthy seed stopped early or did not PASS.
 """
@@ -28,6 +35,19 @@ from soakd.environment import cpu_model
 
 #: the planted faults of bench/planted.py that end in FAIL within a soak's length
 FAULT_NAMES = ("leak", "leak-under-sawtooth", "overload", "errors", "slowing-model", "backlog")
+
+#: issue 22's three faults, for a 10-minute soak at soakd's default floor window and minimum
+#: length: (name, settings)
+ISSUE_FAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("leak (5 MB/min)", ("workload.leak_mb_per_min=5",)),
+    # a backlog of tiny frames that grows by ~0.1 frame/s: frame age creeps ~0.5 s/min, no
+    # frame is dropped and memory stays flat
+    ("creeping frame age (99 ms model at 10 fps, consume oldest)",
+     ("run.fps=10", "run.consume='oldest'", "run.max_queue=4096", "source.width=8",
+      "source.height=8", "workload.infer_ms=99", "workload.decode_ms=0.5")),
+    ("error storm (every 30th frame raises)", ("workload.error_every=30",)),
+)  # fmt: skip
+ISSUE_CRITERIA = ("criteria.min_duration_s=60", "criteria.floor_window_s=4")
 
 
 def _run(name: str, sets: tuple[str, ...], duration: float, db: Path) -> dict[str, Any]:
@@ -57,14 +77,21 @@ def _run(name: str, sets: tuple[str, ...], duration: float, db: Path) -> dict[st
             "decided": f"decided at {decided[0]:.0f} s" if decided else None}  # fmt: skip
 
 
-def _soak_all(jobs: list[tuple[str, tuple[str, ...]]], duration: float) -> dict[str, Any]:
-    """Every (name, settings) soaked, three at a time, each on its own database: rows by
-    name."""
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(3) as pool:
-        rows = list(pool.map(
-            lambda j: _run(j[0], j[1], duration, Path(tmp) / f"{j[0].replace('|', '-')}.db"),
-            jobs,
-        ))  # fmt: skip
+def _soak_all(
+    jobs: list[tuple[str, tuple[str, ...]]], duration: float, workers: int = 3
+) -> dict[str, Any]:
+    """Every (name, settings) soaked, ``workers`` at a time, each on its own database: rows
+    by name, each printed to stderr as it ends."""
+
+    def one(i: int, job: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
+        row = _run(job[0], job[1], duration, Path(tmp) / f"{i}.db")
+        why = row["stopped_by"] or row["decided"] or ""
+        print(f"{row['name']}: {row['verdict']} after {row['duration_s']:.0f} s {why}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return row
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(workers) as pool:
+        rows = list(pool.map(one, range(len(jobs)), jobs))
     return {r["name"]: r for r in rows}
 
 
@@ -75,31 +102,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--auto", action="store_true", help='the fixed length against run.duration = "auto"'
     )
+    ap.add_argument(
+        "--issue", action="store_true",
+        help="with --auto: issue 22's three faults, a fixed 10 minutes, default criteria",
+    )  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=3, help="soaks at a time")
     a = ap.parse_args(argv)
-    faults = [f for f in FAULTS if f.name in FAULT_NAMES]
+    if a.issue:
+        a.auto, a.duration = True, 600.0
+    faults = [(f.name, f.settings) for f in FAULTS if f.name in FAULT_NAMES]
+    if a.issue:
+        faults = [(n, (*sets, *ISSUE_CRITERIA)) for n, sets in ISSUE_FAULTS]
     jobs: list[tuple[str, tuple[str, ...]]] = []
     if a.auto:
         return _auto(a, faults)
-    for f in faults:
-        jobs += [
-            (f"{f.name}|fixed", f.settings),
-            (f"{f.name}|early", (*f.settings, "run.stop_on_fail=true")),
-        ]
+    for name, sets in faults:
+        jobs += [(f"{name}|fixed", sets), (f"{name}|early", (*sets, "run.stop_on_fail=true"))]
     for seed in range(a.seeds):
         jobs.append((f"healthy-{seed}|early", ("workload.jitter=0.1", f"workload.seed={seed}",
                                                  "run.stop_on_fail=true")))  # fmt: skip
-    by = _soak_all(jobs, a.duration)
+    by = _soak_all(jobs, a.duration, a.jobs)
     print(f"CPU: {cpu_model()}; planned {a.duration:g} s a run\n")
     print("| planted fault | verdict, whole length | verdict, stop_on_fail | ran | stopped by |")
     print("|---|---|---|---:|---|")
     bad, ratios = 0, []
-    for f in faults:
-        fx, ea = by[f"{f.name}|fixed"], by[f"{f.name}|early"]
+    for name, _sets in faults:
+        fx, ea = by[f"{name}|fixed"], by[f"{name}|early"]
         same = fx["verdict"] == ea["verdict"]
         bad += not same
         ratio = ea["duration_s"] / fx["duration_s"]
         ratios.append(ratio)
-        print(f"| {f.name} | {fx['verdict']} | {ea['verdict']}{'' if same else ' **differs**'} "
+        print(f"| {name} | {fx['verdict']} | {ea['verdict']}{'' if same else ' **differs**'} "
               f"| {ea['duration_s']:.1f} s of {fx['duration_s']:.1f} s ({ratio:.0%}) "
               f"| {ea['stopped_by'] or '-'} |")  # fmt: skip
     print(
@@ -116,24 +149,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad or false_stops or not_pass else 0
 
 
-def _auto(a: argparse.Namespace, faults: list[Any]) -> int:
+def _auto(a: argparse.Namespace, faults: list[tuple[str, tuple[str, ...]]]) -> int:
     """Each fault and healthy seed soaked for the fixed length and with duration = "auto"
     (max_duration the same): the verdicts must agree (a healthy auto run PASSes, or is
     INVALID "undecided" where a fixed one PASSes untested: never a FAIL the fixed run does
     not give), and the time each took."""
     auto = ("run.duration='auto'", f"run.max_duration={a.duration:g}")
-    cases = [(f.name, f.settings) for f in faults]
-    cases += [
-        (f"healthy-{i}", ("workload.jitter=0.1", f"workload.seed={i}")) for i in range(a.seeds)
-    ]
+    healthy = ("workload.jitter=0.1", *(ISSUE_CRITERIA if a.issue else ()))
+    cases = list(faults)
+    cases += [(f"healthy-{i}", (*healthy, f"workload.seed={i}")) for i in range(a.seeds)]
+    # the long fixed soaks first, so that the short auto ones fill the workers after them
     jobs = [(f"{n}|fixed", sets) for n, sets in cases] + [
         (f"{n}|auto", (*sets, *auto)) for n, sets in cases
     ]
-    by = _soak_all(jobs, a.duration)
+    by = _soak_all(jobs, a.duration, a.jobs)
     print(f"CPU: {cpu_model()}; fixed {a.duration:g} s, auto at most {a.duration:g} s\n")
     print("| case | verdict, fixed | verdict, auto | auto ran | stopped by |")
     print("|---|---|---|---:|---|")
-    bad, fail_t, pass_t = 0, [], []
+    bad, fail_t, pass_t = 0, list[float](), list[float]()
     for name, _ in cases:
         fx, au = by[f"{name}|fixed"], by[f"{name}|auto"]
         same = fx["verdict"] == au["verdict"]
