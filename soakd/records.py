@@ -194,6 +194,55 @@ class Event:
     data: dict[str, Any] | None = None
 
 
+#: the event a ``run.duration = "auto"`` run stores at each look: where every criterion
+#: stands (its data: ``{"criteria": [[criterion, state, detectable, tolerance, unit, why],
+#: ...]}``)
+LOOK_EVENT = "look"
+DECIDED, UNDECIDED, FAILING = "decided", "undecided", "failing"
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where one criterion stands at a look of a ``duration = "auto"`` run: ``state`` is
+    decided (PASS or n/a), failing (FAIL so far, which a longer run may still pass: a
+    certain FAIL stops the run) or undecided; a trend's smallest detectable slope so far
+    (``detectable``, None for other criteria) beside its ``tolerance``; ``why`` a criterion
+    is not decided, in a few words ("too short to judge", "undecided", "rising ...")."""
+
+    criterion: str
+    state: str
+    detectable: float | None = None
+    tolerance: float | None = None
+    unit: str | None = None
+    why: str = ""
+
+    def as_row(self) -> list[Any]:
+        return [self.criterion, self.state, self.detectable, self.tolerance, self.unit, self.why]
+
+    def sees(self) -> str:
+        """``0.42 MB/min (tolerance 1.5)``: the smallest slope the run could see so far, ""
+        for a criterion that is not a trend or has no estimate yet."""
+        if self.detectable is None:
+            return ""
+        tol = "" if self.tolerance is None else f" (tolerance {self.tolerance:g})"
+        return f"{self.detectable:.3g} {self.unit or ''}".rstrip() + tol
+
+
+def standings(data: dict[str, Any] | None) -> list[Standing]:
+    """The standings of a ``look`` event's data (none for anything else)."""
+    rows = (data or {}).get("criteria") or []
+    return [
+        Standing(str(name), str(state), _num(seen), _num(tol), unit, str(why))
+        for name, state, seen, tol, unit, why in (
+            r for r in rows if isinstance(r, list) and len(r) == 6
+        )
+    ]
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
 # Telemetry columns of the samples table, in order. Probes fill a subset; the rest are NULL.
 SAMPLE_FIELDS: tuple[str, ...] = (
     "rss_bytes",

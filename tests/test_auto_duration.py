@@ -5,15 +5,24 @@ FAIL; one that cannot decide by max_duration is INVALID, never PASS."""
 
 from __future__ import annotations
 
+import io
+import json
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog
+from rich.console import Console
 
 from soakd.analysis import judge
 from soakd.analysis.criteria.base import undecided
 from soakd.config import CriteriaSettings, Settings, load_settings
+from soakd.observers.base import Progress, RunInfo
+from soakd.observers.display import LiveDisplay
+from soakd.observers.logs import FrameLogObserver
+from soakd.records import DECIDED, LOOK_EVENT, UNDECIDED, Event, Standing, standings
 from soakd.run.runner import run_soak
 
 from .test_verdict import MIB, planted
@@ -46,6 +55,71 @@ def test_a_healthy_auto_run_stops_once_decided_and_says_when_and_what_it_could_s
     run = res.verdict.get("run")
     assert run is not None and "decided after" in run.detail, run
     assert "memory_rss could see" in run.detail and "MB/min" in run.detail, run.detail
+    looks = _looks(s)
+    assert looks and all(t >= 4.0 for t, _ in looks)  # from criteria.min_duration_s on
+    last = looks[-1][1]
+    assert all(st.state == DECIDED for st in last), last
+    mem = next(st for st in last if st.criterion == "memory_rss")
+    assert mem.tolerance == 60 and mem.unit == "MB/min" and mem.detectable is not None
+    assert mem.detectable <= 60
+
+
+def _looks(settings: Settings) -> list[tuple[float, list[Standing]]]:
+    with sqlite3.connect(settings.run.db) as conn:  # type: ignore[arg-type]
+        rows = conn.execute("SELECT t, data FROM events WHERE kind = 'look' ORDER BY t")
+        return [(t, standings(json.loads(data))) for t, data in rows]
+
+
+def test_the_live_display_and_the_log_lines_show_each_look(
+    synthetic: Callable[..., Settings],
+) -> None:
+    """A real auto run's looks, fed to the live display (80 columns) and the log-line
+    observer as the run feeds them: each criterion decided or not, with the smallest growth
+    each trend could see beside its tolerance; the progress line names what the run still
+    waits on."""
+    s = synthetic(*AUTO, "run.max_duration=60", "criteria.max_memory_growth_mb_per_min=60")
+    shown = Console(file=io.StringIO(), record=True, width=80)
+    display, logs = LiveDisplay(shown), FrameLogObserver(every=0, progress_every_s=1.0)
+    with structlog.testing.capture_logs() as lines:
+        res = run_soak(s, observers=[display, logs])
+    assert res.verdict.status == "PASS", res.verdict.reason
+    shown.print(display._render(_snapshot(res.duration_s)))
+    text = shown.export_text()
+    assert "look at 0:" in text and "could see" in text, text
+    mem = next(line for line in text.splitlines() if line.startswith("memory_rss"))
+    assert "decided" in mem and "MB/min (tolerance 60)" in mem, text
+    look = [x for x in lines if x["event"] == "look"]
+    assert look and look[-1]["waiting_on"] == [] and "memory_rss" in look[-1]["could_see"]
+    later = [x for x in lines if x["event"] == "progress" and x["elapsed_s"] > look[0]["elapsed_s"]]
+    assert all("waiting_on" in x for x in later)
+
+
+def _snapshot(t: float) -> Progress:
+    return Progress(elapsed_s=t, remaining_s=0.0, frames_done=100, frames_captured=100,
+                    achieved_fps=20.0, drops=0, stale=0, errors=0, age_p50_ms=1.0)  # fmt: skip
+
+
+def test_an_undecided_criterion_is_shown_with_why() -> None:
+    """A look that still waits on memory_rss: the display names it undecided, what it could
+    see and why; before the first look it says when that comes; a run of fixed length shows
+    no looks."""
+    auto = load_settings(overrides=["run.duration='auto'", "criteria.min_duration_s=90"])
+    data = {"criteria": [Standing("memory_rss", UNDECIDED, 3.2, 1.5, "MB/min",
+                                  "too short to judge").as_row()]}  # fmt: skip
+    texts = []
+    for settings, event in ((auto, None), (auto, data), (load_settings(), data)):
+        con = Console(file=io.StringIO(), record=True, width=80)
+        d = LiveDisplay(con)
+        d.info = RunInfo("r", settings, Path("x.db"), "h")
+        if event is not None:
+            d.on_event(Event(LOOK_EVENT, 95.0, 0.0, "waiting on memory_rss", data=event))
+        con.print(d._render(_snapshot(100.0)))
+        texts.append(con.export_text())
+    assert "the first look at 1:30" in texts[0]
+    row = next(line for line in texts[1].splitlines() if line.startswith("memory_rss"))
+    assert row.split()[1] == "undecided" and "3.2 MB/min (tolerance 1.5)" in row, texts[1]
+    assert "too short to judge" in row
+    assert "look" not in texts[2] and "memory_rss" not in texts[2]
 
 
 def test_a_leaking_auto_run_fails_early(synthetic: Callable[..., Settings]) -> None:

@@ -309,6 +309,22 @@ def test_plan_run_soaks_every_cell_with_the_plan_labels(tmp_path: Path) -> None:
     assert "soakd show RUN_ID" in out.stdout
 
 
+def test_an_auto_cell_says_when_it_was_decided_and_what_it_could_see(tmp_path: Path) -> None:
+    """A cell with ``run.duration = "auto"``: its line and the summary table say "decided
+    after N s" with the slope each trend could see, as the run's verdict does."""
+    db = tmp_path / "soakd.db"
+    plan = write_plan(tmp_path, TWO_CELLS.replace("[5.0, 10.0]", "[5.0]"))
+    auto = ["run.duration='auto'", "run.max_duration=60", "criteria.min_duration_s=4",
+            "criteria.floor_window_s=0.25", "criteria.max_memory_growth_mb_per_min=60"]  # fmt: skip
+    out = run_cli("plan", "run", str(plan), "--db", str(db), *SYNTH_CLI,
+                  *(a for kv in auto for a in ("--set", kv)))  # fmt: skip
+    (run,) = find_runs(conn_of(db), labels={"plan": "two"})
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("soakd: plan two: cell 0")]
+    assert run.verdict == "PASS" and f"run {run.id}" in line, out.stdout + out.stderr[-2000:]
+    assert re.search(r", decided after \d+ s \(.*memory_rss could see [\d.]+ MB/min", line), line
+    assert "decided after" in out.stdout.split(line, 1)[1]  # the table's note
+
+
 def test_cell_runs_only_that_cell(tmp_path: Path) -> None:
     """`--cell 1` (what an array task passes) soaks cell 1 alone."""
     db = tmp_path / "soakd.db"

@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from soakd.analysis.criteria.validity import convergence
 from soakd.cli.common import (
     DIR_METAVAR,
     N_METAVAR,
@@ -96,6 +97,8 @@ class CellOutcome:
     note: str = ""
     failing: tuple[str, ...] = ()
     duration_s: float | None = None
+    #: a run.duration = "auto" cell: "decided after ..." or what was still undecided
+    decided: str = ""
 
 
 def _load(path: Path) -> Plan:
@@ -236,23 +239,28 @@ def _run_cell(plan: Plan, cell: Cell, settings: Settings, *, live: bool) -> Cell
     note = (result.reason or "") if result.status != "completed" else ""
     failing = tuple(c.criterion for c in bad)
     code = result_code(result)
-    return CellOutcome(cell, result.run_id, verdict, code, note, failing, result.duration_s)
+    decided = convergence(v) if v is not None else ""
+    return CellOutcome(
+        cell, result.run_id, verdict, code, note, failing, result.duration_s, decided
+    )
 
 
 def _cell_line(plan: Plan, o: CellOutcome) -> str:
     """``soakd: plan NAME: cell I (CELL): VERDICT (failing criteria), run ID, 12.0 s (exit
-    N)``: one line per finished cell."""
+    N)``: one line per finished cell; a ``duration = "auto"`` cell's says when it was
+    decided and what each trend could see (or what was still undecided)."""
     head = f"soakd: plan {plan.name}: cell {o.cell.index} ({o.cell.name}):"
     if o.run_id is None:
         return f"{head} not started: {o.note} (exit {o.code})"
     failing = f" ({', '.join(o.failing)})" if o.failing else ""
     took = "" if o.duration_s is None else f", {o.duration_s:.1f} s"
-    why = f", {o.note}" if o.note else ""
+    why = "".join(f", {w}" for w in (o.note, o.decided) if w)
     return f"{head} {o.verdict}{failing}, run {o.run_id}{took}{why} (exit {o.code})"
 
 
 def outcome_table(plan: Plan, outcomes: list[CellOutcome]) -> Table:
-    """One row per cell: index, cell, run, verdict, exit code, why (aborted or not started)."""
+    """One row per cell: index, cell, run, verdict, exit code, note (aborted or not
+    started; an auto cell's "decided after ...")."""
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.verdict] = counts.get(o.verdict, 0) + 1
@@ -262,7 +270,8 @@ def outcome_table(plan: Plan, outcomes: list[CellOutcome]) -> Table:
         t.add_column(col, justify="right" if col in ("index", "exit") else "left")
     for o in outcomes:
         code = "-" if o.code is None else str(o.code)
-        t.add_row(str(o.cell.index), o.cell.name, o.run_id or "-", o.verdict, code, o.note)
+        note = "; ".join(w for w in (o.note, o.decided) if w)
+        t.add_row(str(o.cell.index), o.cell.name, o.run_id or "-", o.verdict, code, note)
     return t
 
 

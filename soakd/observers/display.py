@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
-from soakd.records import STAGES
+from soakd.records import DECIDED, FAILING, LOOK_EVENT, STAGES, Event, Standing, standings
 
 
 def fmt_ms(v: float | None) -> str:
@@ -44,6 +44,8 @@ class LiveDisplay(Observer):
         self.info: RunInfo | None = None
         self.phase = "starting"
         self.last: Progress | None = None
+        #: the latest look of a ``duration = "auto"`` run: when, and each criterion's standing
+        self.look: tuple[float, list[Standing]] | None = None
 
     def _start(self) -> None:
         if self.live is None:
@@ -61,6 +63,10 @@ class LiveDisplay(Observer):
         self._start()
         assert self.live is not None
         self.live.update(self._render(None))
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == LOOK_EVENT:
+            self.look = (event.t, standings(event.data))
 
     def on_progress(self, p: Progress) -> None:
         self.last = p
@@ -89,12 +95,23 @@ class LiveDisplay(Observer):
             Text(f"{fmt_s(p.elapsed_s)} / {fmt_s(total)}"),
             Text("warm-up" if p.warmup else "", style="yellow"),
         )
-        parts: list[Any] = [title, head, _counters(p), _stages(p)]
+        parts: list[Any] = [title, head, _counters(p), _stages(p), *self._convergence()]
         for line in p.failing:
             parts.append(Text(f"failing: {line}", style="bold red"))
         if not p.progressing and p.stalled_s > 2:
             parts.append(Text(f"no frame finished for {p.stalled_s:.0f} s", style="bold red"))
         return Group(*parts)
+
+    def _convergence(self) -> list[Any]:
+        """A ``duration = "auto"`` run: when the first look comes, then the latest look's
+        standing of each criterion (nothing for a run of fixed length)."""
+        s = self.info.settings if self.info else None
+        if s is None or not s.run.auto_duration:
+            return []
+        if self.look is None:
+            first = fmt_s(float(s.criteria.min_duration_s))
+            return [Text(f"duration auto: the first look at {first}", style="dim")]
+        return [convergence_table(*self.look)]
 
     def on_run_end(self, result: RunResult) -> None:
         self.close()
@@ -120,6 +137,27 @@ def _counters(p: Progress) -> Table:
         fmt_bytes(p.gpu_mem_bytes),
     )
     return t
+
+
+_STATE_STYLE = {DECIDED: "green", FAILING: "red"}
+
+
+def convergence_table(t: float, stands: list[Standing]) -> Table:
+    """Each criterion at a look: decided, failing or undecided, and the smallest growth a
+    trend could see so far beside its tolerance."""
+    table = Table(
+        title=f"look at {fmt_s(t)}",
+        title_justify="left",
+        box=None,
+        header_style="bold",
+        pad_edge=False,
+    )
+    for col in ("criterion", "state", "smallest growth it could see", "why not decided"):
+        table.add_column(col)
+    for st in stands:
+        table.add_row(st.criterion, Text(st.state, style=_STATE_STYLE.get(st.state, "yellow")),
+                      st.sees() or "-", st.why)  # fmt: skip
+    return table
 
 
 def _stages(p: Progress) -> Table:

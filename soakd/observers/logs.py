@@ -20,7 +20,7 @@ import structlog
 
 from soakd.observers.base import Observer, Progress
 from soakd.observers.journal import ERR, INFO, WARNING, journal_stream
-from soakd.records import STAGES, FrameRecord
+from soakd.records import DECIDED, LOOK_EVENT, STAGES, Event, FrameRecord, standings
 
 #: seconds between two progress log lines
 PROGRESS_EVERY_S = 10.0
@@ -135,10 +135,27 @@ class FrameLogObserver(Observer):
         self.progress_every_s = progress_every_s
         self._next_progress_s = progress_every_s
         self._failing_told: set[str] = set()
+        self._waiting: list[str] | None = None  # a duration = "auto" run's, at its last look
         self.log = structlog.get_logger("soakd.frames")
 
     def on_phase(self, name: str) -> None:
         self.log.info("phase", phase=name)
+
+    def on_event(self, event: Event) -> None:
+        """A ``duration = "auto"`` run's look: one ``look`` line with each criterion's
+        standing and the smallest growth each trend could see so far."""
+        if event.kind != LOOK_EVENT:
+            return
+        stands = standings(event.data)
+        self._waiting = [st.criterion for st in stands if st.state != DECIDED]
+        self.log.info(
+            "look",
+            elapsed_s=round(event.t, 1),
+            waiting_on=self._waiting,
+            standing={st.criterion: st.state for st in stands},
+            could_see={st.criterion: st.sees() for st in stands if st.sees()},
+            why={st.criterion: st.why for st in stands if st.why},
+        )
 
     def on_progress(self, p: Progress) -> None:
         if p.elapsed_s < self._next_progress_s or not self.progress_every_s:
@@ -158,6 +175,7 @@ class FrameLogObserver(Observer):
             age_p50=_r(p.age_p50_ms),
             stages_p50_p95_max_ms=stages,
             failing=p.failing or None,
+            **({} if self._waiting is None else {"waiting_on": self._waiting}),
         )
         for line in p.failing:
             criterion = line.split(" ", 1)[0]

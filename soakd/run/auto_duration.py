@@ -30,10 +30,11 @@ from typing import Any
 
 import structlog
 
-from soakd.analysis.criteria.base import DECIDED_EVENT, undecided
+from soakd.analysis.criteria.base import DECIDED_EVENT, finite, undecided
+from soakd.analysis.model import FAIL, NA, PASS
 from soakd.config import CriteriaSettings, Settings
 from soakd.observers.base import Observer, Progress, RunInfo
-from soakd.records import Event
+from soakd.records import DECIDED, FAILING, LOOK_EVENT, UNDECIDED, Event, Standing
 
 log = structlog.get_logger("soakd.run.auto_duration")
 
@@ -92,9 +93,9 @@ class AutoDuration(Observer):
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             log.warning("auto duration: the run could not be judged yet", error=str(exc))
             return  # retried at the next look
-        self.waiting = undecided((name, status) for name, status, _mds, _unit in rows)
-        detect = {n: {"slope": m, "unit": u} for n, _s, m, u in rows if m is not None}
-        log.info("auto duration", t=round(elapsed, 1), waiting=self.waiting, detectable=detect)
+        self.waiting = undecided((name, status) for name, status, *_ in rows)
+        detect = {n: {"slope": m, "unit": u} for n, _s, m, u, *_ in rows if m is not None}
+        self._event(look_event(elapsed, rows, self.waiting))
         if self.waiting or not rows:
             return
         self.decided_at = elapsed
@@ -114,21 +115,39 @@ class AutoDuration(Observer):
             self._worker.join(timeout=30.0)
 
 
-Row = tuple[str, str, float | None, str | None]
+#: a criterion judged at a look: (name, status, smallest detectable slope of a trend, unit,
+#: threshold, why it is not PASS in a few words)
+Row = tuple[str, str, float | None, str | None, float | None, str]
+
+
+def look_event(elapsed: float, rows: list[Row], waiting: list[str]) -> Event:
+    """The ``look`` event of a look at ``elapsed`` s: every criterion's standing (but the
+    run's own validity and the n/a ones), the message naming what the run still waits on."""
+    state = {PASS: DECIDED, NA: DECIDED, FAIL: FAILING}
+    stand = [
+        Standing(n, state.get(s, UNDECIDED), m, t, u, why).as_row()
+        for n, s, m, u, t, why in rows
+        if n != "run" and s != NA
+    ]
+    msg = f"waiting on {', '.join(waiting)}" if waiting else "every criterion decided"
+    return Event(LOOK_EVENT, elapsed, time.time(), msg, data={"criteria": stand})
 
 
 def judge_stored(run_id: str, db: Path) -> list[Row]:
     """The stored run judged so far, in a process of its own (``python -m
     soakd.run.auto_duration RUN_ID DB``): loading and judging the run never adds to this
     process's RSS (the memory criteria judge it) nor holds the GIL from the pacer, and
-    what comes back is one short line: each criterion's (name, status, smallest detectable
-    slope of a trend, unit)."""
+    what comes back is one short line: each criterion's ``Row``."""
     cmd = [sys.executable, "-m", "soakd.run.auto_duration", run_id, str(db)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LOOK_TIMEOUT_S)
     if proc.returncode != 0:
         raise ValueError(f"the judging process exited {proc.returncode}: {proc.stderr[-300:]}")
     rows = json.loads(proc.stdout)
-    return [(str(n), str(s), None if m is None else float(m), u) for n, s, m, u in rows]
+    return [(str(n), str(s), _num(m), u, _num(t), str(w)) for n, s, m, u, t, w in rows]
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def _judge_here(run_id: str, db: str) -> list[list[Any]]:
@@ -145,7 +164,8 @@ def _judge_here(run_id: str, db: str) -> list[list[Any]]:
     for c in verdict.criteria:
         mds = c.evidence.get("min_detectable_slope") if "decided_by" in c.evidence else None
         seen = float(mds) if mds is not None and math.isfinite(float(mds)) else None
-        rows.append([c.criterion, c.status, seen, c.unit])
+        why = "" if c.status in (PASS, NA) else c.detail.split(":")[0].split(";")[0][:48]
+        rows.append([c.criterion, c.status, seen, c.unit, finite(c.threshold), why])
     return rows
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from soakd.analysis.criteria.base import DECIDED_EVENT, Context, finite
-from soakd.analysis.model import INVALID, PASS, CriterionResult, RunData
+from soakd.analysis.model import INVALID, PASS, CriterionResult, RunData, Verdict
 
 
 def judge_run_validity(ctx: Context) -> CriterionResult:
@@ -81,6 +81,19 @@ def _decided_words(after_s: float, detectable: dict[str, str]) -> str:
     when = f"{m} min {sec} s" if m else f"{sec} s"
     seen = ", ".join(f"{k} could see {v}" for k, v in sorted(detectable.items()))
     return f"decided after {when}" + (f" ({seen})" if seen else "")
+
+
+def convergence(v: Verdict) -> str:
+    """How a ``run.duration = "auto"`` run ended, in words: "decided after 62 s
+    (memory_rss could see 0.42 MB/min)", or the criteria still undecided at
+    ``max_duration``; "" for a run of fixed length (or one stopped early: its reason says
+    why)."""
+    run = v.get("run")
+    ev = run.evidence if run is not None else {}
+    if ev.get("decided_after_s") is not None:
+        return _decided_words(float(ev["decided_after_s"]), dict(ev.get("detectable") or {}))
+    still = [c.criterion for c in v.invalid if c.detail.startswith("undecided")]
+    return f"undecided at run.max_duration: {', '.join(still)}" if still else ""
 
 
 def _hang(d: RunData) -> str | None:
