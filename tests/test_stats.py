@@ -135,3 +135,15 @@ def test_too_few_points_is_no_trend() -> None:
     """Fewer than three points give no trend and an infinite detectable slope."""
     tr = stats.trend(np.array([0.0, 1.0]), np.array([0.0, 5.0]))
     assert tr.p == 1.0 and tr.slope == 0.0 and tr.mds == float("inf")
+
+
+def test_a_look_that_spends_no_alpha_can_detect_nothing_and_warns_nothing() -> None:
+    """An early look's spending can round to alpha = 0: the smallest detectable slope is
+    infinite, also for a flat series (noise 0), not NaN with a RuntimeWarning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stats.min_detectable_slope(0.0, 10.0, 20.0, 0.0) == float("inf")
+        tr = stats.trend(np.arange(30.0), np.zeros(30), 0.0)
+    assert tr.mds == float("inf") and not tr.testable(0.0)

@@ -208,8 +208,8 @@ def min_detectable_slope(noise: float, span: float, n_eff: float, alpha: float) 
     """Smallest slope a two-sided test at ``alpha`` detects with 80 % power, for residual
     scale ``noise`` over ``span`` (t units) with ``n_eff`` effective, evenly spaced points:
     (z_{1-α/2} + z_{0.8}) · noise · sqrt(12 / n_eff) / span."""
-    if n_eff < 3 or span <= 0 or not math.isfinite(noise):
-        return float("inf")
+    if n_eff < 3 or span <= 0 or not math.isfinite(noise) or not alpha > 0:
+        return float("inf")  # (an early look's alpha can be 0: nothing is detectable)
     z = scipy_stats().norm.ppf(1 - alpha / 2) + Z_POWER_80
     return float(z * noise * math.sqrt(12.0 / n_eff) / span)
 

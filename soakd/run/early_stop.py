@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -83,21 +84,21 @@ class EarlyStop(Observer):
             for col in self._frame_columns:
                 v = getattr(rec, col, None)
                 if v is not None:
-                    live.values.setdefault(col, []).append(float(v))
+                    _series(live.values, col).append(float(v))
 
     def on_sample(self, sample: Sample) -> None:
         self._torch_ooms(sample.values.get("torch_ooms"))
         live = self.live
         if live.t0 is None or sample.t < live.t0:
             return
-        live.samples.setdefault("t", []).append(sample.t)
+        _series(live.samples, "t").append(sample.t)
         for col in _SAMPLE_COLUMNS:
             v = sample.values.get(col)
-            live.samples.setdefault(col, []).append(math.nan if v is None else float(v))
+            _series(live.samples, col).append(math.nan if v is None else float(v))
         for col in self._sample_columns:
             v = sample.values.get(col)
             if v is not None:
-                live.values.setdefault(col, []).append(float(v))
+                _series(live.values, col).append(float(v))
 
     def _count_losses(self) -> None:
         """Dropped and stale since t0, every stream's running counters less their value at
@@ -134,6 +135,14 @@ class EarlyStop(Observer):
                 )
                 self._stop(reason)
                 return
+
+
+def _series(table: dict[str, Any], key: str) -> array[float]:
+    """``table[key]``, a new array of doubles when there is none."""
+    got = table.get(key)
+    if got is None:
+        got = table[key] = array("d")
+    return got  # type: ignore[no-any-return]
 
 
 def _warm_up_the_looks() -> None:

@@ -66,9 +66,11 @@ class Live:
     stale: int = 0  # frames skipped as stale since t0
     ooms: int = 0  # OOM events, and the rise of the torch allocator's OOM counter
     #: post-warm-up telemetry: "t" and the columns the criteria read
-    samples: dict[str, list[float]] = field(default_factory=dict)
+    #: (arrays of doubles, 8 bytes a value: a list of floats takes 32 and, over a ten-hour
+    #: run, would grow the RSS the memory criteria judge)
+    samples: dict[str, Sequence[float]] = field(default_factory=dict)
     #: post-warm-up values of the columns the abort_on_fail thresholds name
-    values: dict[str, list[float]] = field(default_factory=dict)
+    values: dict[str, Sequence[float]] = field(default_factory=dict)
     rows: int = 0  # post-warm-up frame rows (dispatched or skipped)
     #: a criterion's previous look, as a fraction of the planned run (alpha spending)
     looked: dict[str, float] = field(default_factory=dict)
