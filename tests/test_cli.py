@@ -51,6 +51,8 @@ def run_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.C
             "criteria.min_duration_s=1",
             "--set",
             "criteria.floor_window_s=0.2",
+            "--set",
+            "run.name='cli-smoke'",
         ),
         capture_output=True,
         text=True,
@@ -79,7 +81,8 @@ def test_runs_lists_the_run_and_show_summarises_it(
     run_db: tuple[Path, subprocess.CompletedProcess],
 ) -> None:
     """`soakd runs -f json` lists the run with its verdict; `soakd show RUN` has the stage
-    statistics, the run's summary, its events from the warm-up's end on, and its criteria."""
+    statistics, the run's name and summary, its events from the warm-up's end on, and its
+    criteria."""
     db, _ = run_db
     p = subprocess.run(
         soakd_cmd("runs", "--db", str(db), "-f", "json"), capture_output=True, text=True, timeout=60
@@ -107,6 +110,7 @@ def test_runs_lists_the_run_and_show_summarises_it(
     )
     assert p.returncode == 0 and "infer" in p.stdout and run_id in p.stdout
     assert "warmup_end" in p.stdout and "memory_rss" in p.stdout
+    assert "run cli-smoke: workload synthetic" in p.stdout
 
 
 def test_show_unknown_run_is_a_usage_error(

@@ -113,6 +113,8 @@ SHOW_EVENTS = (
     "crashed",
     "store_locked",
     "store_overflow",
+    "early_stop",
+    "decided",
     "end",
 )
 
@@ -207,8 +209,9 @@ def _show_text(
     """What ``show`` prints for people: the stage table, then plain lines."""
     out: list[Any] = [summary_table(run, stages)]
     s = run.get("summary") or {}
+    named = f"run {run['name']}: " if run.get("name") else ""
     out.append(
-        f"workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
+        f"{named}workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
         f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
         + (f", reason: {run['reason']}" if run.get("reason") else "")
     )
