@@ -78,11 +78,12 @@ def test_the_live_display_and_the_log_lines_show_each_look(
     each trend could see beside its tolerance; the progress line names what the run still
     waits on."""
     s = synthetic(*AUTO, "run.max_duration=60", "criteria.max_memory_growth_mb_per_min=60")
-    shown = Console(file=io.StringIO(), record=True, width=80)
-    display, logs = LiveDisplay(shown), FrameLogObserver(every=0, progress_every_s=1.0)
+    live = Console(file=io.StringIO(), width=80)
+    display, logs = LiveDisplay(live), FrameLogObserver(every=0, progress_every_s=1.0)
     with structlog.testing.capture_logs() as lines:
         res = run_soak(s, observers=[display, logs])
     assert res.verdict.status == "PASS", res.verdict.reason
+    shown = Console(file=io.StringIO(), record=True, width=80)  # the last look alone
     shown.print(display._render(_snapshot(res.duration_s)))
     text = shown.export_text()
     assert "look at 0:" in text and "could see" in text, text

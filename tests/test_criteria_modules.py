@@ -45,8 +45,9 @@ def test_headroom_is_judged_after_the_memory_it_reads() -> None:
 
 
 def test_verdict_module_only_composes() -> None:
-    """verdict.py defines no criterion of its own: its functions are judge, the overall rule
-    (with the early stop's confirmation) and the module-name helper."""
+    """verdict.py defines no criterion of its own: its functions are judge, the context the
+    criteria share, the overall rule (with the early stop's confirmation) and the
+    module-name helper."""
     from soakd.analysis import verdict
 
     own = {
@@ -54,7 +55,7 @@ def test_verdict_module_only_composes() -> None:
         for n, f in inspect.getmembers(verdict, inspect.isfunction)
         if f.__module__ == verdict.__name__
     }
-    assert own == {"judge", "ended_early", "_overall", "_name"}
+    assert own == {"judge", "context", "ended_early", "_overall", "_name"}
 
 
 #: the criteria that can end a run early (run.stop_on_fail; thresholds: abort_on_fail)

@@ -105,15 +105,8 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
 
     A run whose rows stayed in the store (``data.source``: too long to load) is streamed
     into a ``digest.FrameDigest`` first and judged by the same criteria on it."""
-    dg = None
-    if data.source is not None:
-        dg = digest_run(data, criteria, resolve_jitter_k(criteria, history)[0])
-        data = dg.view
-    t0 = dg.t0 if dg else data.warmup_end()
-    t1 = dg.t1 if dg else data.window_end(t0)
-    post = data.post_warmup(t0)
-    measured = data.measured(t0)
-    ctx = Context(data, criteria, t0, t1, measured, post, {}, {}, dg, history)
+    ctx = context(data, criteria, history)
+    data, dg, t0, t1, measured = ctx.data, ctx.digest, ctx.t0, ctx.t1, ctx.measured
     for module in CRITERIA:
         ctx.results[_name(module)] = module.judge(ctx)
     results = [r for rs in ctx.results.values() for r in rs]
@@ -139,6 +132,19 @@ def judge(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = 
         v.frame_summary = dg.frame_summary()
         v.warnings += dg.notes
     return v
+
+
+def context(data: RunData, criteria: CriteriaSettings, history: Sequence[float] = ()) -> Context:
+    """What every criterion judges from: the measured window (``t0`` .. ``t1``) and masks of
+    ``data`` or, for a run whose rows stayed in the store, of its streamed digest."""
+    dg = None
+    if data.source is not None:
+        dg = digest_run(data, criteria, resolve_jitter_k(criteria, history)[0])
+        data = dg.view
+    t0 = dg.t0 if dg else data.warmup_end()
+    t1 = dg.t1 if dg else data.window_end(t0)
+    post, measured = data.post_warmup(t0), data.measured(t0)
+    return Context(data, criteria, t0, t1, measured, post, {}, {}, dg, history)
 
 
 def ended_early(data: RunData, results: Sequence[CriterionResult]) -> CriterionResult | None:
