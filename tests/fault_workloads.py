@@ -95,9 +95,10 @@ class Lifecycle:
 
     shape: Literal["staged"] = "staged"
 
-    def __init__(self, fail: str, first_s: float = 0.0) -> None:
+    def __init__(self, fail: str, first_s: float = 0.0, concurrent: bool = False) -> None:
         self.fail = fail
         self.first_s = first_s  # the first infer takes this long (a compile, a cache fill)
+        self.concurrent = concurrent  # one frame in flight per stream (drivers/concurrent.py)
         self.n = 0
 
     def setup(self) -> None:
@@ -133,4 +134,8 @@ class Lifecycle:
 
 
 def lifecycle(options: dict[str, Any], ctx: WorkloadContext) -> Lifecycle:
-    return Lifecycle(str(options["fail"]), float(options.get("first_s", 0.0)))
+    return Lifecycle(
+        str(options["fail"]),
+        float(options.get("first_s", 0.0)),
+        bool(options.get("concurrent", False)),
+    )

@@ -16,7 +16,7 @@ from soakd.clock import MonotonicClock
 from soakd.config import ConfigError, load_settings
 from soakd.errors import ExitCode
 from soakd.records import Frame
-from soakd.run.drivers.context import DriverContext
+from soakd.run.drivers.context import DriverContext, WarmUp
 from soakd.run.outcome import Outcome, exit_code
 from soakd.run.sink import FrameSink
 
@@ -115,7 +115,7 @@ def test_lateness_is_grab_start_minus_deadline_and_age_is_dispatch_minus_capture
         event=lambda e: None,
         queue=None,
         grab=None,
-        warmup_end_ns=t0,
+        warm=WarmUp(t0),
     )
     frame = Frame(
         id=7,

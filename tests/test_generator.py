@@ -19,6 +19,7 @@ from soakd.config import GeneratorWorkloadSettings, Settings, load_settings
 from soakd.errors import UsageError
 from soakd.records import Emission, Event, Frame, FrameRecord
 from soakd.run.drivers import DriverContext
+from soakd.run.drivers.context import WarmUp
 from soakd.run.drivers.generator import drive
 from soakd.run.pacer import UnpacedGrab
 from soakd.run.runner import run_soak
@@ -112,7 +113,7 @@ def _ctx(
             clock=clock,
             on_end=lambda e: None,
         ),
-        warmup_end_ns=0,
+        warm=WarmUp(0),
         max_frames=max_frames,
         request_abort=aborts.append,
     )

@@ -30,6 +30,7 @@ from soakd.report.html import render_html
 from soakd.report.json import verdict_dict
 from soakd.report.markdown import render_markdown
 from soakd.run.drivers import DriverContext, get_driver
+from soakd.run.drivers.context import WarmUp
 from soakd.run.pacer import UnpacedGrab
 from soakd.run.runner import run_soak
 from soakd.run.sink import FrameSink
@@ -511,7 +512,7 @@ def test_the_driver_times_stages_and_continues_intervals_exactly() -> None:
         grab=UnpacedGrab(
             lambda: (np.zeros((8, 8, 3)), None), fps=30, clock=clock, on_end=lambda e: None
         ),
-        warmup_end_ns=0,
+        warm=WarmUp(0),
         max_frames=3,
     )
     get_driver("rollout")(ctx)

@@ -203,6 +203,23 @@ def test_the_warm_up_lasts_until_the_first_frame_has_finished(
     assert res.summary["drops"] >= 15  # the queue did drop while the first frame ran
 
 
+def test_with_a_frame_in_flight_per_stream_the_warm_up_lasts_until_every_first_frame(
+    synthetic: Callable[..., Settings], db_path: Path
+) -> None:
+    """Two streams, one frame in flight each (the concurrent driver): one stream's first
+    frame takes 1.2 s, the other's does not. The warm-up ends with the slow one, so the
+    frames its queue dropped meanwhile are not counted against the soak."""
+    slow_first = ['workload.kind="python"', 'workload.factory="tests.fault_workloads:lifecycle"',
+                  'workload.options={fail = "none", first_s = 1.2, concurrent = true}']  # fmt: skip
+    res = run_soak(synthetic(*slow_first, "run.streams=2", "run.duration=4", "run.warmup_s=0.2",
+                             "criteria.max_drop_fraction=0.02"))  # fmt: skip
+    conn = sqlite3.connect(db_path)
+    ((t, msg),) = conn.execute("SELECT t, message FROM events WHERE kind = 'warmup_end'")
+    assert t >= 1.2 and "first frame" in msg, (t, msg)
+    assert res.verdict is not None and res.verdict.get("drops").status == "pass", res.verdict
+    assert res.summary["drops"] >= 15  # the slow stream's queue did drop meanwhile
+
+
 def test_setup_raising_is_a_one_line_usage_error(tmp_path: Path) -> None:
     r = run_cli("run", "--db", str(tmp_path / "s.db"), "--no-live", *SYNTH,
                 *[a for kv in _factory("setup") for a in ("--set", kv)])  # fmt: skip

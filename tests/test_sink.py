@@ -13,6 +13,7 @@ from soakd.clock import FakeClock
 from soakd.config import load_settings
 from soakd.records import Frame, FrameRecord, StageOutput
 from soakd.run.drivers import DriverContext, get_driver
+from soakd.run.drivers.context import WarmUp
 from soakd.run.pacer import UnpacedGrab
 from soakd.run.sink import FrameSink, StagedFrame, staged_records
 
@@ -31,7 +32,7 @@ def _ctx(sink: FrameSink, **kw: Any) -> DriverContext[Any]:
         event=lambda e: None,
         queue=None,
         grab=kw.pop("grab", None),
-        warmup_end_ns=T0 + 10**9,
+        warm=WarmUp(T0 + 10**9),
         **kw,
     )
 

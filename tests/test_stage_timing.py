@@ -22,6 +22,7 @@ from soakd.clock import FakeClock
 from soakd.config import ConfigError, load_settings
 from soakd.records import Event, Frame, FrameRecord, StageOutput
 from soakd.run.drivers import DriverContext, get_driver, timing
+from soakd.run.drivers.context import WarmUp
 from soakd.run.pacer import UnpacedGrab
 from soakd.run.runner import run_soak
 from soakd.run.sink import FrameSink
@@ -120,7 +121,7 @@ def _drive(
     ctx: DriverContext[Any] = DriverContext(
         settings=settings, workload=_GpuModel(gpu), clock=clock, t0_ns=T0,
         stop=threading.Event(), sink=FrameSink(got.extend, T0), emit=lambda r: None,
-        event=events.append, queue=None, grab=grab, warmup_end_ns=T0, max_frames=frames,
+        event=events.append, queue=None, grab=grab, warm=WarmUp(T0), max_frames=frames,
     )  # fmt: skip
     get_driver("staged")(ctx)
     ctx.sink.drain()

@@ -33,6 +33,7 @@ from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Samp
 from soakd.run.auto_duration import watch_auto_duration
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.drivers.concurrent import counters_for
+from soakd.run.drivers.context import WarmUp
 from soakd.run.early_stop import watch_early_stop
 from soakd.run.outcome import Outcome, exit_code
 from soakd.run.pacer import Pacer, RoundRobin, UnpacedGrab
@@ -466,7 +467,9 @@ class Run:
             event=self._event,
             queue=queue,
             grab=grab,
-            warmup_end_ns=self.t0_ns + int(s.run.warmup_s * 1e9),
+            warm=WarmUp(
+                self.t0_ns + int(s.run.warmup_s * 1e9), self.n_streams if concurrent else 0
+            ),
             max_frames=self.max_frames,
             counters=cast(
                 Counters, counters_for(self.n_streams if concurrent else 1, self.t0_ns)
@@ -599,7 +602,7 @@ class Run:
             if not ready and c.done >= 1:
                 ready = True
                 self.obs.on_ready()
-            if not warm_logged and c.done >= 1 and now >= built.ctx.warmup_end_ns:
+            if not warm_logged and self._warm(built, c) and now >= built.ctx.warmup_end_ns:
                 warm_logged = True
                 self._event(self._warmup_event(built.ctx, now))
             since = c.in_flight_since_ns
@@ -615,6 +618,11 @@ class Run:
                 progressing, last_done_seen = c.done != last_done_seen, c.done
                 self.obs.on_progress(self._progress(built, now, end_ns, progressing))
         return False
+
+    @staticmethod
+    def _warm(built: _Stack, c: Counters) -> bool:
+        """A frame has finished and, with the concurrent driver, every stream's first."""
+        return c.done >= 1 and built.ctx.warm.settled
 
     def _warmup_event(self, ctx: DriverContext[Any], now: int) -> Event:
         """The ``warmup_end`` event, at the boundary the drivers flag frames by (not when the
@@ -659,7 +667,7 @@ class Run:
             ),
             rss_bytes=vals.get("rss_bytes"),  # type: ignore[arg-type]
             gpu_mem_bytes=gpu,  # type: ignore[arg-type]
-            warmup=c.done == 0 or now < built.ctx.warmup_end_ns,
+            warmup=not self._warm(built, c) or now < built.ctx.warmup_end_ns,
             progressing=progressing,
             stalled_s=(now - c.last_done_ns) / 1e9,
         )

@@ -107,6 +107,30 @@ class UnpacedFeed(Protocol):
     def frames(self, stopped: Callable[[], bool]) -> Iterator[tuple[Frame, int]]: ...
 
 
+class WarmUp:
+    """The warm-up's end, one for the run: every copy of a driver context shares it (the
+    concurrent driver runs one per stream). It is ``run.warmup_s`` or, later, the end of the
+    slowest first frame: with the concurrent driver (``wait_for``: its streams) the warm-up is
+    ``settled`` once each stream has finished its first frame (``first_done``), so the frames
+    any stream captured while another's first frame compiled are warm-up too; one driver
+    settles it with its first frame done (the runner's counter says so)."""
+
+    def __init__(self, end_ns: int, wait_for: int = 0) -> None:
+        self.end_ns = end_ns
+        self._waiting = wait_for
+        self._lock = threading.Lock()
+
+    def first_done(self, t_ns: int) -> None:
+        with self._lock:
+            self.end_ns = max(self.end_ns, t_ns)
+            self._waiting -= 1
+
+    @property
+    def settled(self) -> bool:
+        """Every stream waited for has finished its first frame."""
+        return self._waiting <= 0
+
+
 @dataclass
 class DriverContext(Generic[W]):
     settings: Settings
@@ -119,13 +143,18 @@ class DriverContext(Generic[W]):
     event: Callable[[Event], None]
     queue: QueueView | None  # paced runs: the streams' queues (one stream's, concurrent)
     grab: UnpacedFeed | None  # unpaced runs: capture inline
-    warmup_end_ns: int
+    warm: WarmUp  # shared by the copies of this context (one per stream, concurrent)
     max_frames: int | None = None
     counters: Counters = field(default_factory=Counters)
     summary: dict[str, Any] = field(default_factory=dict)  # kind-specific summary entries
     request_abort: Callable[[str], None] = lambda reason: None
     #: the unpaced feed's one iterator, shared by ``frames`` and ``next_frame``
     _unpaced: Iterator[tuple[Frame, int]] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def warmup_end_ns(self) -> int:
+        """Frames captured before this are warm-up (``WarmUp``)."""
+        return self.warm.end_ns
 
     def s(self, ns: int) -> float:
         """Monotonic ns -> seconds since the run's start."""
@@ -162,8 +191,8 @@ class DriverContext(Generic[W]):
     def first_done(self, t_ns: int) -> None:
         """The driver's first frame finished at ``t_ns``: the warm-up lasts at least until
         then, so every frame captured while it was in flight (a compile, a cache fill) is a
-        warm-up frame however short ``run.warmup_s`` is."""
-        self.warmup_end_ns = max(self.warmup_end_ns, t_ns)
+        warm-up frame however short ``run.warmup_s`` is (for every stream: ``WarmUp``)."""
+        self.warm.first_done(t_ns)
 
     def budget_spent(self) -> bool:
         """The frame budget (``max_frames``, profiles) is used up."""
