@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from soakd.config import Settings
+from soakd.config import (
+    GeneratorWorkloadSettings,
+    HfWorkload,
+    SessionWorkloadSettings,
+    Settings,
+    TinyVlmWorkload,
+)
 from soakd.records import Emission, FrameRecord
 from soakd.store import db as store
 from soakd.store import runs
@@ -18,9 +25,12 @@ from soakd.studies.profiling import (
     RECOMMEND_BAND,
     profile,
     profile_from_db,
+    random_weights,
     recommend,
     round_down_2sig,
 )
+from soakd.workloads.base import WorkloadContext
+from soakd.workloads.registry import build_workload
 from tests.test_compare import md_tables_consistent
 
 from .conftest import make_run, run_cli
@@ -218,3 +228,33 @@ def test_a_session_profile_recommends_the_rate_its_model_takes_frames_at(tmp_pat
     assert d["stages"]["infer"]["median"] > 0 and se["output_latency_p50_ms"] > 0
     assert "prompt" not in d["held_fixed"] and "max_tokens_per_turn" in d["held_fixed"]
     assert any("random weights" in n for n in d["notes"])
+
+
+@pytest.mark.parametrize(
+    ("make", "builtin"),
+    [
+        (lambda model: TinyVlmWorkload(), True),
+        (lambda model: HfWorkload(model_path=model), False),
+        (lambda model: SessionWorkloadSettings(), True),
+        (lambda model: SessionWorkloadSettings(model_path=model), False),
+        (lambda model: GeneratorWorkloadSettings(), True),
+    ],
+)
+def test_each_workload_says_whether_its_weights_are_built_in(
+    make: Callable[[str], Any], builtin: bool, tmp_path: Path
+) -> None:
+    """``describe()`` of each workload says ``builtin`` (random weights, built offline), and
+    the profile's random-weights note follows it, a stored generator included."""
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, for those given one
+    wl = build_workload(make(str(tmp_path)), WorkloadContext(width=64, height=48))
+    assert wl.describe()["builtin"] is builtin
+    assert random_weights(wl.describe(), {}) is builtin
+
+
+def test_a_run_stored_before_workloads_said_builtin_is_judged_by_its_config() -> None:
+    """An older run's config: the tiny VLM, the tiny generator and a session or av model
+    without a model_path are built in; an hf checkpoint is not."""
+    for kind, builtin in (("tiny-vlm", True), ("generator", True), ("session", True),
+                          ("av", True), ("hf", False), ("synthetic", False)):  # fmt: skip
+        assert random_weights({}, {"workload": {"kind": kind}}) is builtin, kind
+    assert not random_weights({}, {"workload": {"kind": "session", "model_path": "/m"}})

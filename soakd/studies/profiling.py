@@ -264,7 +264,7 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     if run.workload.get("shape", run.workload_kind) in ("generator", "rollout"):
         result.stream = _stream(conn, run_id, first)
     result.notes = _notes(result)
-    if _random_weights(run.config):
+    if random_weights(run.workload, run.config):
         result.notes.append(
             "a built-in tiny model with random weights: its outputs are gibberish and its "
             "times are not a real model's"
@@ -272,11 +272,16 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     return result
 
 
-def _random_weights(config: Mapping[str, Any]) -> bool:
-    """The workload is one of soakd's built-in tiny models (random weights, built offline)."""
+def random_weights(workload: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """The workload is one of soakd's built-in tiny models (random weights, built offline),
+    as its ``describe()`` says (``builtin``); for a run stored before it said so, as its
+    config implies."""
+    if "builtin" in workload:
+        return bool(workload["builtin"])
     wl = config.get("workload", {})
     kind = wl.get("kind")
-    return kind == "tiny-vlm" or (kind in ("session", "av") and not wl.get("model_path"))
+    builtin = kind in ("tiny-vlm", "generator")
+    return builtin or (kind in ("session", "av") and not wl.get("model_path"))
 
 
 def _notes(r: ProfileResult) -> list[str]:

@@ -126,6 +126,7 @@ class _TinyModel:
         s = self.s
         return {
             "generator": "tiny",
+            "builtin": True,  # random weights, built offline
             "mode": s.mode,
             "width": s.width,
             "height": s.height,

@@ -295,6 +295,7 @@ class HfStaged:
         p = self.params
         return {
             "kind": p.kind,
+            "builtin": p.kind == "tiny-vlm",  # random weights, built offline
             "model_path": str(self._path or p.model_path),
             "device": p.device,
             "dtype_requested": p.dtype,

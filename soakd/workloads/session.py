@@ -561,6 +561,7 @@ class RealtimeSessionWorkload:
         timed = ["pre", "infer", "decode"] if hookable else []
         return {
             "model": s.model_path or "tiny-realtime (built-in, random weights)",
+            "builtin": tiny,
             "model_class": type(self.model).__name__ if self.model is not None else None,
             "initial_prompt": s.initial_prompt,
             "system_prompt": s.system_prompt,
