@@ -91,8 +91,8 @@ def test_the_live_display_and_the_log_lines_show_each_look(
     assert "decided" in mem and "MB/min (tolerance 60)" in mem, text
     look = [x for x in lines if x["event"] == "look"]
     assert look and look[-1]["waiting_on"] == [] and "memory_rss" in look[-1]["could_see"]
-    later = [x for x in lines if x["event"] == "progress" and x["elapsed_s"] > look[0]["elapsed_s"]]
-    assert all("waiting_on" in x for x in later)
+    after = lines[lines.index(look[0]) :]  # logged after the first look came back
+    assert all("waiting_on" in x for x in after if x["event"] == "progress")
 
 
 def _snapshot(t: float) -> Progress:
@@ -199,3 +199,19 @@ def test_a_run_stopped_as_decided_is_not_undecided_by_the_second_after_the_look(
     data.events = [*data.events, {"t": 59.0, "kind": "decided", "message": "", "data": {}}]
     mem = judge(data, CriteriaSettings(min_duration_s=10, floor_window_s=2)).get("memory_rss")
     assert mem is not None and mem.status == "pass", mem
+
+
+def test_the_progress_lines_after_a_look_name_what_the_run_waits_on() -> None:
+    """Before any look a progress line says nothing of it; after a look waiting on
+    memory_rss, each says ``waiting_on: ["memory_rss"]``."""
+    logs = FrameLogObserver(every=0, progress_every_s=1.0)
+    data = {"criteria": [Standing("memory_rss", UNDECIDED, 3.2, 1.5, "MB/min", "").as_row(),
+                         Standing("drops", DECIDED).as_row()]}  # fmt: skip
+    with structlog.testing.capture_logs() as lines:
+        logs.on_progress(_snapshot(2.0))
+        logs.on_event(Event(LOOK_EVENT, 2.5, 0.0, "waiting on memory_rss", data=data))
+        logs.on_progress(_snapshot(3.0))
+    before, look, after = lines
+    assert "waiting_on" not in before and look["event"] == "look"
+    assert look["could_see"] == {"memory_rss": "3.2 MB/min (tolerance 1.5)"}
+    assert after["event"] == "progress" and after["waiting_on"] == ["memory_rss"]
