@@ -16,14 +16,16 @@ import pytest
 import structlog
 from rich.console import Console
 
-from soakd.analysis import judge
+from soakd.analysis import evaluate, judge
 from soakd.analysis.criteria.base import undecided
 from soakd.config import CriteriaSettings, Settings, load_settings
 from soakd.observers.base import Progress, RunInfo
 from soakd.observers.display import LiveDisplay
 from soakd.observers.logs import FrameLogObserver
 from soakd.records import DECIDED, LOOK_EVENT, UNDECIDED, Event, Standing, standings
+from soakd.report.html import render_html
 from soakd.run.runner import run_soak
+from soakd.store.db import connect
 
 from .test_verdict import MIB, planted
 
@@ -62,6 +64,18 @@ def test_a_healthy_auto_run_stops_once_decided_and_says_when_and_what_it_could_s
     mem = next(st for st in last if st.criterion == "memory_rss")
     assert mem.tolerance == 60 and mem.unit == "MB/min" and mem.detectable is not None
     assert mem.detectable <= 60
+    html = _report(s, res.run_id)  # the looks drawn against the tolerance
+    panel = html[html.index('data-panel="convergence"') :].split("</svg>")[0]
+    assert 'data-series="memory_rss"' in panel and "decided below 1" in panel
+
+
+def _report(settings: Settings, run_id: str) -> str:
+    conn = connect(str(settings.run.db), readonly=True)
+    try:
+        data, verdict = evaluate(conn, run_id)
+    finally:
+        conn.close()
+    return render_html(data, verdict)
 
 
 def _looks(settings: Settings) -> list[tuple[float, list[Standing]]]:
@@ -121,6 +135,14 @@ def test_an_undecided_criterion_is_shown_with_why() -> None:
     assert row.split()[1] == "undecided" and "3.2 MB/min (tolerance 1.5)" in row, texts[1]
     assert "too short to judge" in row
     assert "look" not in texts[2] and "memory_rss" not in texts[2]
+
+
+def test_a_run_of_fixed_length_has_no_convergence_panel(
+    synthetic: Callable[..., Settings],
+) -> None:
+    """The HTML report draws the looks of a duration = "auto" run only."""
+    fixed = synthetic("run.duration=2")
+    assert 'data-panel="convergence"' not in _report(fixed, run_soak(fixed).run_id)
 
 
 def test_a_leaking_auto_run_fails_early(synthetic: Callable[..., Settings]) -> None:
