@@ -206,6 +206,24 @@ def test_format_status_fields() -> None:
     )
 
 
+def test_an_auto_runs_status_line_says_what_its_last_look_waits_on(manager: Manager) -> None:
+    """After a look of a ``duration = "auto"`` run, the STATUS line ``systemctl status``
+    shows names the criteria it still waits on, then says when every one is decided."""
+    obs = SystemdObserver(Notifier(manager.address))
+    look = [["memory_rss", "undecided", 3.2, 1.5, "MB/min", ""],
+            ["drops", "decided", None, 0.05, "fraction", ""]]  # fmt: skip
+    obs.on_progress(_progress())
+    obs.on_event(Event("look", 60.0, 0.0, "", data={"criteria": look}))
+    obs.on_progress(_progress())
+    look[0][1] = "decided"
+    obs.on_event(Event("look", 70.0, 0.0, "", data={"criteria": look}))
+    obs.on_progress(_progress())
+    before, waiting, decided = (m["STATUS"] for m in manager.messages())
+    assert "waiting" not in before and "decided" not in before
+    assert waiting.endswith(", age p50 12.3 ms, waiting on memory_rss"), waiting
+    assert decided.endswith(", every criterion decided"), decided
+
+
 def test_watchdog_shorter_than_stall_timeout_is_flagged() -> None:
     """A WatchdogSec that would pre-empt soakd's own stall detection is named in a warning."""
     msg = watchdog_warning(30.0, 60.0)

@@ -22,14 +22,15 @@ import structlog
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
 from soakd.observers.journal import verdict_word
 from soakd.observers.notify import Notifier, watchdog_interval_s
-from soakd.records import Event
+from soakd.records import DECIDED, LOOK_EVENT, Event, standings
 
 _log = structlog.get_logger("soakd.service.systemd")
 
 
-def format_status(p: Progress) -> str:
+def format_status(p: Progress, waiting: list[str] | None = None) -> str:
     """One ``systemctl status`` line: ``soaking 12.0/600s, 2.0 fps, 24 frames, drops 0, stale 0,
-    errors 0, age p50 12.3 ms``; warm-up and stalls are called out."""
+    errors 0, age p50 12.3 ms``; warm-up and stalls are called out, and a ``duration =
+    "auto"`` run's last look (``waiting``: the criteria it still waits on)."""
     total = p.elapsed_s + p.remaining_s
     age = "n/a" if p.age_p50_ms is None else f"{p.age_p50_ms:.1f} ms"
     phase = "warming up" if p.warmup else "soaking"
@@ -38,6 +39,8 @@ def format_status(p: Progress) -> str:
         f"{p.frames_done} frames, drops {p.drops}, stale {p.stale}, errors {p.errors}, "
         f"age p50 {age}"
     )
+    if waiting is not None:
+        text += f", waiting on {', '.join(waiting)}" if waiting else ", every criterion decided"
     if not p.progressing:
         text += f", NO FRAME FOR {p.stalled_s:.0f}s"
     return text
@@ -61,6 +64,7 @@ class SystemdObserver(Observer):
         self.notifier = notifier if notifier is not None else Notifier.from_env()
         self.watchdog_s = watchdog_interval_s()
         self._run_id: str | None = None
+        self._waiting: list[str] | None = None  # a duration = "auto" run's, at its last look
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SystemdObserver | None:
@@ -86,14 +90,16 @@ class SystemdObserver(Observer):
         self.notifier.ready(status=f"running {self._run_id or ''}".rstrip())
 
     def on_progress(self, progress: Progress) -> None:
-        status = f"STATUS={format_status(progress)}"
+        status = f"STATUS={format_status(progress, self._waiting)}"
         if progress.progressing:
             self.notifier.send("WATCHDOG=1", status)
         else:
             self.notifier.send(status)
 
     def on_event(self, event: Event) -> None:
-        if event.kind in ("stall", "oom"):
+        if event.kind == LOOK_EVENT:
+            self._waiting = [s.criterion for s in standings(event.data) if s.state != DECIDED]
+        elif event.kind in ("stall", "oom"):
             self.notifier.status(f"{event.kind}: {event.message}")
 
     def on_stopping(self, reason: str) -> None:
