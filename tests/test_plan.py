@@ -314,7 +314,7 @@ def test_an_auto_cell_says_when_it_was_decided_and_what_it_could_see(tmp_path: P
     after N s" with the slope each trend could see, as the run's verdict does."""
     db = tmp_path / "soakd.db"
     plan = write_plan(tmp_path, TWO_CELLS.replace("[5.0, 10.0]", "[5.0]"))
-    auto = ["run.duration='auto'", "run.max_duration=60", "criteria.min_duration_s=4",
+    auto = ["run.duration='auto'", "run.max_duration=60", "criteria.min_duration_s=4", "run.fps=20",
             "criteria.floor_window_s=0.25", "criteria.max_memory_growth_mb_per_min=60"]  # fmt: skip
     out = run_cli("plan", "run", str(plan), "--db", str(db), *SYNTH_CLI,
                   *(a for kv in auto for a in ("--set", kv)))  # fmt: skip
