@@ -380,3 +380,16 @@ def test_writer_stores_every_record_exactly_in_any_batch_size(db_path: Path) -> 
     assert n_samples == 37
     events = conn.execute("SELECT kind, data FROM events WHERE run_id = 'r1'")
     assert [tuple(e) for e in events] == [("error", '{"a":1}')]
+
+
+def test_the_run_writer_keeps_a_small_page_cache(tmp_path: Path) -> None:
+    """The writer's connection caches at most 256 KiB of pages, not SQLite's default 2 MB:
+    a page cache that fills as the run database grows is soakd's own RSS growing, which
+    the memory criteria would judge as the model's."""
+    conn = store.writer_connection(tmp_path / "w.db", 5.0)
+    try:
+        assert conn.execute("PRAGMA cache_size").fetchone()[0] == -store.WRITER_CACHE_KIB
+        assert store.WRITER_CACHE_KIB <= 256
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    finally:
+        conn.close()
