@@ -153,6 +153,34 @@ def test_frames_samples_progress_and_verdict_are_exported(server: MetricsServer)
     assert value(data, "soakd_criterion_threshold", criterion="drops") == 0.05
 
 
+def test_an_auto_runs_last_look_is_exported_per_criterion(server: MetricsServer) -> None:
+    """A ``duration = "auto"`` run's look: each criterion's standing one-hot, and each
+    trend's detectable slope over its tolerance; the next look replaces both."""
+    obs = MetricsObserver(server)
+    obs.on_run_start(_info())
+    run = {"run": "run-1", "config": "abc123", "modelName": "NVIDIA H200"}
+    look = [["memory_rss", "undecided", 3.0, 1.5, "MB/min", "undecided"],
+            ["drops", "decided", None, 0.05, "fraction", ""]]  # fmt: skip
+    obs.on_event(Event("look", 60.0, 0.0, "", data={"criteria": look}))
+    data = scrape(server.url)
+    state = "soakd_look_standing"
+    assert value(data, state, criterion="memory_rss", state="undecided", **run) == 1
+    assert value(data, state, criterion="memory_rss", state="decided", **run) == 0
+    assert value(data, state, criterion="drops", state="decided", **run) == 1
+    assert value(data, "soakd_look_detectable_ratio", criterion="memory_rss", **run) == 2.0
+    assert not any(
+        n == "soakd_look_detectable_ratio" and ("criterion", "drops") in lb for n, lb in data
+    )
+    look[0][1:3] = ["decided", 1.2]
+    obs.on_event(Event("look", 70.0, 0.0, "", data={"criteria": look}))
+    data = scrape(server.url)
+    assert value(data, state, criterion="memory_rss", state="decided", **run) == 1
+    assert value(data, state, criterion="memory_rss", state="undecided", **run) == 0
+    assert value(
+        data, "soakd_look_detectable_ratio", criterion="memory_rss", **run
+    ) == pytest.approx(0.8)
+
+
 def test_a_labelled_runs_every_series_carries_its_labels(
     server: MetricsServer,
 ) -> None:

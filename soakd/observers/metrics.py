@@ -45,6 +45,13 @@ soakd_criterion_status                           gauge      criterion, status (o
 soakd_criterion_value / _threshold               gauge      criterion, unit (base unit:
                                                             seconds, bytes_per_second,
                                                             seconds_per_second, ratio, count)
+soakd_look_standing                              gauge      criterion, state = decided|
+                                                            failing|undecided (one-hot), at
+                                                            a duration = "auto" run's last
+                                                            look
+soakd_look_detectable_ratio                      gauge      criterion: a trend's smallest
+                                                            detectable slope / its tolerance
+                                                            (decided below 1)
 
 The process normally exits right after the verdict, before any scrape could read it; with
 ``service.metrics_linger_s`` > 0 the exporter keeps serving after the run's end until one
@@ -77,7 +84,19 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from soakd.errors import UsageError
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
-from soakd.records import STAGES, DeviceSample, Event, FrameRecord, Sample
+from soakd.records import (
+    DECIDED,
+    FAILING,
+    LOOK_EVENT,
+    STAGES,
+    UNDECIDED,
+    DeviceSample,
+    Event,
+    FrameRecord,
+    Sample,
+    Standing,
+    standings,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -126,6 +145,9 @@ _DEVICE_GAUGES: tuple[tuple[str, str, str, float], ...] = (
      "GPU memory of this process, per GPU.", 1.0),
     ("util_pct", "soakd_gpu_device_utilization_ratio", "GPU utilisation per GPU, 0..1.", 0.01),
 )  # fmt: skip
+
+#: the states of a criterion at a look (soakd_look_standing)
+LOOK_STATES = (DECIDED, FAILING, UNDECIDED)
 
 
 # ---------------------------------------------------------------------------------------
@@ -455,6 +477,12 @@ class MetricsObserver(Observer):
                                 [*lbl, "criterion", "unit"], registry=r)  # fmt: skip
         self.crit_threshold = Gauge("soakd_criterion_threshold", "Each criterion's threshold.",
                                     [*lbl, "criterion", "unit"], registry=r)  # fmt: skip
+        self.look_state = Gauge("soakd_look_standing",
+                                "Each criterion at a duration = auto run's last look (one-hot).",
+                                [*lbl, "criterion", "state"], registry=r)  # fmt: skip
+        self.look_ratio = Gauge("soakd_look_detectable_ratio",
+                                "A trend's smallest detectable slope / its tolerance, last look.",
+                                [*lbl, "criterion"], registry=r)  # fmt: skip
 
     # --- hooks
     def on_run_start(self, info: RunInfo) -> None:
@@ -554,6 +582,22 @@ class MetricsObserver(Observer):
     def on_event(self, event: Event) -> None:
         if self._labels is not None:
             self.events.labels(**self._labels, kind=event.kind).inc()
+            if event.kind == LOOK_EVENT:
+                self._set_look(standings(event.data))
+
+    def _set_look(self, stands: list[Standing]) -> None:
+        """A ``duration = "auto"`` run's look: each criterion's standing, one-hot, and each
+        trend's detectable slope over its tolerance."""
+        lv = self._labels
+        assert lv is not None
+        for st in stands:
+            for state in LOOK_STATES:
+                self.look_state.labels(**lv, criterion=st.criterion, state=state).set(
+                    1 if state == st.state else 0
+                )
+            if st.detectable is not None and st.tolerance:
+                ratio = st.detectable / st.tolerance
+                self.look_ratio.labels(**lv, criterion=st.criterion).set(ratio)
 
     def on_progress(self, progress: Progress) -> None:
         lv = self._labels
