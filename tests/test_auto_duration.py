@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from soakd.observers.display import LiveDisplay
 from soakd.observers.logs import FrameLogObserver
 from soakd.records import DECIDED, LOOK_EVENT, UNDECIDED, Event, Standing, standings
 from soakd.report.html import render_html
-from soakd.run.auto_duration import LOOK_NICE, in_background
 from soakd.run.runner import run_soak
 from soakd.store.db import connect
 
@@ -239,11 +237,3 @@ def test_the_progress_lines_after_a_look_name_what_the_run_waits_on() -> None:
     assert "waiting_on" not in before and look["event"] == "look"
     assert look["could_see"] == {"memory_rss": "3.2 MB/min (tolerance 1.5)"}
     assert after["event"] == "progress" and after["waiting_on"] == ["memory_rss"]
-
-
-def test_a_look_yields_the_cpu_to_the_model() -> None:
-    """A look's process (a real one) runs at niceness 19: when the model wants every CPU,
-    the look waits instead of showing up as the model's jitter."""
-    probe = "import os, time; time.sleep(0.5); print(os.nice(0))"
-    code, out, _ = in_background([sys.executable, "-c", probe], 30.0)
-    assert code == 0 and int(out) == LOOK_NICE == 19

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import queue
 import subprocess
 import sys
@@ -137,41 +136,18 @@ def look_event(elapsed: float, rows: list[Row], waiting: list[str]) -> Event:
 def judge_stored(run_id: str, db: Path) -> list[Row]:
     """The stored run judged so far, in a process of its own (``python -m
     soakd.run.auto_duration RUN_ID DB``): loading and judging the run never adds to this
-    process's RSS (the memory criteria judge it) nor holds the GIL from the pacer, its
-    CPU yields to the model's (``in_background``), and what comes back is one short line:
-    each criterion's ``Row``."""
+    process's RSS (the memory criteria judge it) nor holds the GIL from the pacer, and
+    what comes back is one short line: each criterion's ``Row``."""
     cmd = [sys.executable, "-m", "soakd.run.auto_duration", run_id, str(db)]
-    code, out, err = in_background(cmd, LOOK_TIMEOUT_S)
-    if code != 0:
-        raise ValueError(f"the judging process exited {code}: {err[-300:]}")
-    rows = json.loads(out)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LOOK_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise ValueError(f"the judging process exited {proc.returncode}: {proc.stderr[-300:]}")
+    rows = json.loads(proc.stdout)
     return [(str(n), str(s), _num(m), u, _num(t), str(w)) for n, s, m, u, t, w in rows]
 
 
 def _num(v: Any) -> float | None:
     return None if v is None else float(v)
-
-
-#: the niceness of a look's process: a CPU the model wants goes to the model, not to the
-#: look (~1.3 s of CPU to judge a 75 s run), whose burst would read as the model's jitter
-LOOK_NICE = 19
-
-
-def in_background(cmd: list[str], timeout: float) -> tuple[int, str, str]:
-    """Run ``cmd`` at niceness ``LOOK_NICE`` (set from here as it starts, not by a
-    ``preexec_fn``, which is unsafe in this threaded process): exit code, stdout, stderr."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        os.setpriority(os.PRIO_PROCESS, proc.pid, LOOK_NICE)
-    except OSError:  # it has already exited, or this host forbids it: judged all the same
-        pass
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    return proc.returncode, out, err
 
 
 def _judge_here(run_id: str, db: str) -> list[list[Any]]:
