@@ -143,11 +143,7 @@ def judge_stored(run_id: str, db: Path) -> list[Row]:
     if proc.returncode != 0:
         raise ValueError(f"the judging process exited {proc.returncode}: {proc.stderr[-300:]}")
     rows = json.loads(proc.stdout)
-    return [(str(n), str(s), _num(m), u, _num(t), str(w)) for n, s, m, u, t, w in rows]
-
-
-def _num(v: Any) -> float | None:
-    return None if v is None else float(v)
+    return [(str(n), str(s), finite(m), u, finite(t), str(w)) for n, s, m, u, t, w in rows]
 
 
 def _judge_here(run_id: str, db: str) -> list[list[Any]]:
