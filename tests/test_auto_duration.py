@@ -89,22 +89,26 @@ def test_the_live_display_and_the_log_lines_show_each_look(
 ) -> None:
     """A real auto run's looks, fed to the live display (80 columns) and the log-line
     observer as the run feeds them: each criterion decided or not, with the smallest growth
-    each trend could see beside its tolerance; the progress line names what the run still
-    waits on."""
-    s = synthetic(*AUTO, "run.max_duration=60", "criteria.max_memory_growth_mb_per_min=60")
+    each trend could see beside its tolerance, as the last look found them; the progress
+    lines after a look name what the run still waits on. (Whether this in-process run's
+    RSS, the pytest worker's, is decided in time is not this test's business.)"""
+    s = synthetic(*AUTO, "run.max_duration=30", "criteria.max_memory_growth_mb_per_min=60")
     live = Console(file=io.StringIO(), width=80)
     display, logs = LiveDisplay(live), FrameLogObserver(every=0, progress_every_s=1.0)
     with structlog.testing.capture_logs() as lines:
         res = run_soak(s, observers=[display, logs])
-    assert res.verdict.status == "PASS", res.verdict.reason
     shown = Console(file=io.StringIO(), record=True, width=80)  # the last look alone
     shown.print(display._render(_snapshot(res.duration_s)))
-    text = shown.export_text()
-    assert "look at 0:" in text and "could see" in text, text
-    mem = next(line for line in text.splitlines() if line.startswith("memory_rss"))
-    assert "decided" in mem and "MB/min (tolerance 60)" in mem, text
+    rows = {ln.split()[0]: ln for ln in shown.export_text().splitlines() if ln.strip()}
     look = [x for x in lines if x["event"] == "look"]
-    assert look and look[-1]["waiting_on"] == [] and "memory_rss" in look[-1]["could_see"]
+    assert look and rows["look"].startswith("look at 0:"), rows
+    last = look[-1]
+    for name, state in last["standing"].items():  # the table is the last look's
+        assert rows[name].split()[1] == state, (name, rows[name])
+    assert last["standing"]["frame_age"] == "decided"
+    assert "ms/min (tolerance 50)" in rows["frame_age"], rows["frame_age"]
+    assert last["could_see"]["frame_age"].endswith("ms/min (tolerance 50)")
+    assert last["waiting_on"] == [n for n, st in last["standing"].items() if st != "decided"]
     after = lines[lines.index(look[0]) :]  # logged after the first look came back
     assert all("waiting_on" in x for x in after if x["event"] == "progress")
 

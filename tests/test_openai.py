@@ -85,7 +85,10 @@ def test_a_served_model_s_stages_are_time_to_first_token_and_the_rest_of_the_str
         assert 40 <= infer < 40 + 200
         assert 5 * 10 * 0.8 <= decode < 5 * 10 + 200  # five gaps of 10 ms after the first
         assert tokens == 6
-        assert 8 <= itl < 60
+        # the median of five 10 ms gaps: a chunk the server sent late (a loaded host) makes
+        # its gap longer and the next one shorter, so the median can fall under 10 ms (6.9
+        # seen under a full test suite); decode above still holds the five gaps' sum
+        assert 5 <= itl < 60
 
 
 def test_n_streams_keep_n_requests_in_flight_at_once(db_path, server):
