@@ -426,7 +426,15 @@ def test_a_soak_writing_the_same_file_loses_nothing_while_prune_vacuums(tmp_path
     run = _ended_run(path)
     assert doc["runs"] == 3 and doc["kept_running"] == [run["id"]]
     assert doc["kept_baseline"] == ["old3"] and _run_ids(path) == {"old3", run["id"]}
-    assert doc["vacuum"].startswith("done") and doc["bytes_after"] < doc["bytes_before"] / 2
+    assert doc["vacuum"].startswith("done")
+    if doc["vacuum"] == "done":
+        assert doc["bytes_after"] < doc["bytes_before"] / 2
+    else:  # "done, WAL not emptied yet (a reader is open)": the soak's writer was mid-batch
+        # and the shrunk copy waits in the WAL; the next checkpoint gives the space back
+        ck = sqlite3.connect(path)
+        assert ck.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        ck.close()
+        assert prune.file_bytes(path) < doc["bytes_before"] / 2
     assert run["last_wall"] > pruned_at  # the soak went on writing after prune finished
     s, rows = run["summary"], run["rows"]
     assert (
