@@ -239,6 +239,11 @@ def standings(data: dict[str, Any] | None) -> list[Standing]:
     ]
 
 
+def waiting_on(stands: list[Standing]) -> list[str]:
+    """The criteria a look still waits on: every one not decided."""
+    return [st.criterion for st in stands if st.state != DECIDED]
+
+
 def _num(v: Any) -> float | None:
     return None if v is None else float(v)
 

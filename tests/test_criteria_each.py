@@ -11,23 +11,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from soakd.analysis.criteria import (
-    drops,
-    errors,
-    frame_age,
-    gpu_devices,
-    headroom,
-    intervals,
-    jitter,
-    memory,
-    oom,
-    server_queue,
-    thresholds,
-    validity,
-)
 from soakd.analysis.data import make_run_data
 from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, RunData, RunMeta
-from soakd.analysis.verdict import context
+from soakd.analysis.verdict import CRITERIA, context
 from soakd.config import CriteriaSettings
 
 from .test_criteria_modules import _modules
@@ -39,8 +25,8 @@ def judged(module: ModuleType, data: RunData, crit: CriteriaSettings = CRIT) -> 
     """``module``'s own results on ``data`` (criterion -> status), its context built as the
     verdict builds it; headroom is given the memory results it reads."""
     ctx = context(data, crit)
-    if module is headroom:
-        ctx.results["memory"] = memory.judge(ctx)
+    if module is MODULES["headroom"]:
+        ctx.results["memory"] = MODULES["memory"].judge(ctx)
     results: list[CriterionResult] = module.judge(ctx)
     return {r.criterion: r.status for r in results}
 
@@ -122,9 +108,7 @@ CASES: dict[str, Case] = {
     "thresholds": ("threshold:p95(total_ms)<40", planted, lambda: planted(infer=_slow), FAIL,
                    P95_UNDER_40),
 }  # fmt: skip
-MODULES = {m.__name__.rpartition(".")[2]: m for m in (
-    validity, drops, frame_age, memory, headroom, oom, gpu_devices, jitter, errors, server_queue,
-    intervals, thresholds)}  # fmt: skip
+MODULES = {m.__name__.rpartition(".")[2]: m for m in CRITERIA}
 
 
 def test_every_criterion_module_has_its_own_pair_here() -> None:
@@ -145,6 +129,5 @@ def test_modules_that_do_not_apply_say_nothing() -> None:
     """An in-process model has no server queue, a one-GPU run no per-GPU criteria, a model
     that does not generate frames no interval criteria: their modules return nothing."""
     d = planted()
-    assert judged(server_queue, d) == {}
-    assert judged(gpu_devices, d) == {}
-    assert judged(intervals, d) == {}
+    for name in ("server_queue", "gpu_devices", "intervals"):
+        assert judged(MODULES[name], d) == {}, name

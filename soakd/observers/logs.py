@@ -20,7 +20,7 @@ import structlog
 
 from soakd.observers.base import Observer, Progress
 from soakd.observers.journal import ERR, INFO, WARNING, journal_stream
-from soakd.records import DECIDED, LOOK_EVENT, STAGES, Event, FrameRecord, standings
+from soakd.records import LOOK_EVENT, STAGES, Event, FrameRecord, standings, waiting_on
 
 #: seconds between two progress log lines
 PROGRESS_EVERY_S = 10.0
@@ -147,7 +147,7 @@ class FrameLogObserver(Observer):
         if event.kind != LOOK_EVENT:
             return
         stands = standings(event.data)
-        self._waiting = [st.criterion for st in stands if st.state != DECIDED]
+        self._waiting = waiting_on(stands)
         self.log.info(
             "look",
             elapsed_s=round(event.t, 1),

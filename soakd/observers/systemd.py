@@ -22,7 +22,7 @@ import structlog
 from soakd.observers.base import Observer, Progress, RunInfo, RunResult
 from soakd.observers.journal import verdict_word
 from soakd.observers.notify import Notifier, watchdog_interval_s
-from soakd.records import DECIDED, LOOK_EVENT, Event, standings
+from soakd.records import LOOK_EVENT, Event, standings, waiting_on
 
 _log = structlog.get_logger("soakd.service.systemd")
 
@@ -98,7 +98,7 @@ class SystemdObserver(Observer):
 
     def on_event(self, event: Event) -> None:
         if event.kind == LOOK_EVENT:
-            self._waiting = [s.criterion for s in standings(event.data) if s.state != DECIDED]
+            self._waiting = waiting_on(standings(event.data))
         elif event.kind in ("stall", "oom"):
             self.notifier.status(f"{event.kind}: {event.message}")
 

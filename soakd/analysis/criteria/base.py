@@ -113,6 +113,20 @@ class Live:
         self._age_index = i
         self._age_open.append(ms)
 
+    def look(self, name: str, every_s: float, alpha: float) -> float | None:
+        """A look of criterion ``name`` once ``every_s`` of the run have passed since its
+        last (recorded here): the alpha an O'Brien–Fleming spending function over the
+        planned run spends between the two (``stats.look_alpha``), so that the looks
+        together never spend more than ``alpha``. None when too soon, before the warm-up's
+        end or past the planned end."""
+        if self.t0 is None or self.fraction >= 1.0:
+            return None
+        prev = self.looked.get(name, 0.0)
+        if (self.fraction - prev) * (self.planned_s - self.t0) < every_s:
+            return None
+        self.looked[name] = self.fraction
+        return stats.look_alpha(alpha, self.fraction, prev)
+
     def planned_ticks(self) -> float:
         """The most ticks the measured window can have (every stream's, one more each for
         the window's edges): a loss count over it is a floor of the final fraction."""

@@ -245,15 +245,11 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
     backlog that keeps growing stops the run without waiting for its planned end. A
     generator's frames are judged on their output intervals, not on frame age: not asked."""
-    if live.t0 is None or live.fraction >= 1.0 or live.generates:
+    if live.generates:
         return None
-    prev = live.looked.get("frame_age", 0.0)
-    if (live.fraction - prev) * (live.planned_s - live.t0) < LOOK_EVERY_WINDOWS * (
-        live.age_window_s
-    ):
+    alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
+    if alpha is None:
         return None
-    alpha = stats.look_alpha(crit.alpha, live.fraction, prev)
-    live.looked["frame_age"] = live.fraction
     t, y = np.asarray(live.age_t), np.asarray(live.age_ms)
     tol = crit.max_age_slope_ms_per_min
     tr = stats.trend(t, y, alpha)

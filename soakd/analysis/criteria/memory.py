@@ -207,15 +207,9 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     alpha: an O'Brien–Fleming spending function over the planned run
     (``stats.look_alpha``), so a run stopped early FAILs no more often than a full one, by
     the same rule (``judge_memory_metric``) on the samples so far."""
-    if live.t0 is None or live.fraction >= 1.0:
+    alpha = live.look("memory", LOOK_EVERY_WINDOWS * crit.floor_window_s, crit.alpha)
+    if alpha is None or live.t0 is None:
         return None
-    prev = live.looked.get("memory", 0.0)
-    if (live.fraction - prev) * (
-        live.planned_s - live.t0
-    ) < LOOK_EVERY_WINDOWS * crit.floor_window_s:
-        return None
-    alpha = stats.look_alpha(crit.alpha, live.fraction, prev)
-    live.looked["memory"] = live.fraction
     samples = {k: np.asarray(v, dtype=np.float64) for k, v in live.samples.items()}
     data = make_run_data(RunMeta("live", fps=live.fps), samples=samples)
     none = np.zeros(0, dtype=bool)
