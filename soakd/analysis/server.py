@@ -9,6 +9,13 @@ criteria, judged by the rules soakd's own telemetry is judged by:
   was to be sampled and gave no samples, n/a (saying why) for a remote server
   (``telemetry.server_process = "off"``);
 * ``memory_server_gpu``: the GPU memory of the server's processes (NVML), as ``memory_gpu``;
+* both judged **per server lifetime**: a server replaced mid-run (a ``server_replaced``
+  event: another process took its port, its unit restarted) or lost (``server_lost``) splits
+  the run into the lifetimes of its processes (``lifetimes``), each judged alone in its own
+  window. FAIL when any judged lifetime leaks; else the last lifetime decides: its PASS
+  (or INVALID), or INVALID "the server was replaced at t = ..." when it is too short to
+  judge, or INVALID "the server ... was lost at t = ..." when nothing took the dead one's
+  place (``combine_lifetimes``). Never a PASS on a dead process's samples;
 * ``server_queue``: the server-side twin of frame age. The server's waiting requests
   (``vllm:num_requests_waiting``, ``sglang:num_queue_reqs``) and its KV-cache use
   (``vllm:kv_cache_usage_perc``, ``sglang:token_usage``) may not keep rising: the slope of
@@ -21,12 +28,14 @@ series and the results that need no trend test out; ``soakd.analysis.verdict`` r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from soakd.analysis.model import CriterionResult, RunData, RunMeta
+from soakd.analysis.model import FAIL, CriterionResult, RunData, RunMeta
 from soakd.config import SERVER_KV_METRICS, SERVER_WAITING_METRICS
 
 #: (criterion, sample column, title) of the server's memory criteria
@@ -34,6 +43,8 @@ SERVER_MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("memory_server_rss", "server_rss_bytes", "Server RSS"),
     ("memory_server_gpu", "server_gpu_mem_bytes", "Server GPU memory"),
 )
+#: the run events that end a server's lifetime (soakd.telemetry.server.ServerProcessProbe)
+REPLACED, LOST = "server_replaced", "server_lost"
 QUEUE = "server_queue"
 QUEUE_TITLE = "Server queue not rising"
 
@@ -75,6 +86,134 @@ def memory_missing(
     return CriterionResult.na(
         name, title, threshold=threshold, unit=unit, detail=f"not applicable: {why}"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """One server process's time in the run: ``[start, end)`` in run seconds, its pid (None
+    when no event named it) and how it ended: ``"replaced"``, ``"lost"``, or ``""`` (it
+    served to the end)."""
+
+    start: float
+    end: float
+    pid: int | None
+    ended: str
+
+    def window(self, t0: float, t1: float) -> tuple[float, float] | None:
+        """Its part of the measured window ``[t0, t1]``; None when it has none."""
+        a, b = max(self.start, t0), min(self.end, t1)
+        return (a, b) if b > a else None
+
+    def where(self) -> str:
+        return f"pid {self.pid}" if self.pid is not None else "the first server"
+
+
+def _pid(data: dict[str, Any], key: str) -> int | None:
+    v = data.get(key)
+    return int(v) if isinstance(v, int) else None
+
+
+def lifetimes(events: Sequence[dict[str, Any]]) -> list[Lifetime]:
+    """The server's lifetimes from the run's ``server_replaced`` and ``server_lost`` events:
+    one, open at both ends, for a run whose server never changed."""
+    changes = sorted(
+        (e for e in events if e.get("kind") in (REPLACED, LOST) and e.get("t") is not None),
+        key=lambda e: float(e["t"]),
+    )
+    out: list[Lifetime] = []
+    start, pid, alive = -math.inf, None, True
+    for e in changes:
+        t, data = float(e["t"]), e.get("data") or {}
+        if e["kind"] == REPLACED:
+            if alive:
+                out.append(Lifetime(start, t, _pid(data, "old_pid") or pid, "replaced"))
+            start, pid, alive = t, _pid(data, "new_pid"), True
+        elif alive:
+            out.append(Lifetime(start, t, _pid(data, "pid") or pid, "lost"))
+            alive = False
+    if alive:
+        out.append(Lifetime(start, math.inf, pid, ""))
+    return out
+
+
+def changes_unloaded(data: RunData) -> int:
+    """Server changes the run stored but its loaded events do not hold (a run with more
+    events than ``load_events`` reads): its lifetimes cannot be told apart."""
+    stored = sum(data.event_counts.get(k, 0) for k in (REPLACED, LOST))
+    loaded = sum(1 for e in data.events if e.get("kind") in (REPLACED, LOST))
+    return max(0, stored - loaded)
+
+
+def _at(x: float) -> str:
+    return "the start" if not math.isfinite(x) else f"t = {x:.1f} s"
+
+
+def _row(life: Lifetime, res: CriterionResult | None) -> dict[str, Any]:
+    return {
+        "pid": life.pid,
+        "start": life.start if math.isfinite(life.start) else None,
+        "end": life.end if math.isfinite(life.end) else None,
+        "ended": life.ended or None,
+        "status": res.status if res is not None else None,
+        "value": res.value if res is not None else None,
+    }
+
+
+def combine_lifetimes(
+    name: str,
+    title: str,
+    threshold: float,
+    judged: Sequence[tuple[Lifetime, CriterionResult | None, bool]],
+    last: Lifetime,
+) -> CriterionResult:
+    """One server memory criterion from its lifetimes' results (``(lifetime, its result or
+    None when it had no samples in the measured window, whether it was long enough to
+    judge)``, in time order; ``last`` the run's last lifetime): FAIL when any lifetime
+    FAILs (the steepest), else INVALID when the last server was lost, else the last
+    lifetime's result when it was long enough to judge, else INVALID "replaced at t"."""
+    rows = [_row(life, res) for life, res, _ in judged]
+    fails = [(life, r) for life, r, _ in judged if r is not None and r.status == FAIL]
+    unit = "MB/min"
+    if fails:
+        leaking, worst = max(fails, key=lambda lr: lr[1].value or 0.0)
+        return _relabel(worst, f"server {leaking.where()} (from {_at(leaking.start)})", rows)
+    if last.ended == "lost":
+        detail = (
+            f"the server ({last.where()}) was lost at {_at(last.end)} and nothing took its"
+            " place: its memory is not judged on a dead process's samples"
+        )
+        return _invalid(name, title, threshold, unit, detail, rows)
+    res, long = next(((r, ok) for life, r, ok in judged if life is last), (None, False))
+    if res is not None and long:  # PASS, or INVALID saying why (untested, undecided)
+        return _relabel(res, f"server {last.where()} (from {_at(last.start)})", rows)
+    detail = (
+        f"the server was replaced at {_at(last.start)} (now {last.where()}): its life since"
+        " is too short to judge its memory (or was not sampled), and the earlier server's"
+        " samples are not the new one's"
+    )
+    return _invalid(name, title, threshold, unit, detail, rows)
+
+
+def _relabel(res: CriterionResult, who: str, rows: list[dict[str, Any]]) -> CriterionResult:
+    res.detail = f"{who}: {res.detail}"
+    res.evidence = {**(res.evidence or {}), "lifetimes": rows}
+    return res
+
+
+def _invalid(
+    name: str, title: str, thr: float, unit: str, detail: str, rows: list[dict[str, Any]]
+) -> CriterionResult:
+    res = CriterionResult.invalid(name, title, threshold=thr, unit=unit, detail=detail)
+    res.evidence = {**(res.evidence or {}), "lifetimes": rows}
+    return res
+
+
+def unloaded_changes(name: str, title: str, threshold: float, missing: int) -> CriterionResult:
+    detail = (
+        f"the server changed more often than the events loaded show ({missing} more"
+        " server_replaced / server_lost events): its lifetimes cannot be told apart"
+    )
+    return CriterionResult.invalid(name, title, threshold=threshold, unit="MB/min", detail=detail)
 
 
 @dataclass(frozen=True, slots=True)

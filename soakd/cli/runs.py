@@ -115,6 +115,8 @@ SHOW_EVENTS = (
     "store_overflow",
     "early_stop",
     "decided",
+    "server_replaced",
+    "server_lost",
     "end",
 )
 

@@ -46,7 +46,10 @@ td.invalid{color:#b8860b;font-weight:bold} td.na{color:#999}
 
 _PLOT_WINDOWS = 600
 #: the events marked on every panel
-_EVENT_KINDS = ("oom", "error", "stall", "abort", "early_stop", "decided")
+_EVENT_KINDS = (
+    *("oom", "error", "stall", "abort", "early_stop", "decided"),
+    *("server_replaced", "server_lost"),  # a served model's server changed
+)
 _LABELLED_EVENTS = 10  # a kind with more events: its first a labelled line, the rest ticks
 _EVENT_TICKS = 2000  # the most events of one kind marked
 _FRAMES_PER_WINDOW = 4  # plot windows hold at least this many frames (low-fps runs)

@@ -8,7 +8,9 @@ Each ``Sample`` keeps its actual time (``t``, seconds since ``t0``), the wall ti
 with ``sample_devices(into, seq, t)`` (``GpuDevicesProbe``: a run on several GPUs) also
 returns one ``DeviceSample`` per GPU, carried in ``Sample.devices``; one with
 ``sample_server(seq, t)`` (``ServerMetricsProbe``: a served model's /metrics) returns the
-server's series, carried in ``Sample.server``.
+server's series, carried in ``Sample.server``; one with ``take_changes()``
+(``ServerProcessProbe``: the server replaced or lost) hands on its changes, each an
+``Event`` at the tick's time.
 
 A probe that raises is disabled after one log line (its columns stay NULL) and the sampler
 goes on; anything else failing in the loop (the ``on_sample`` callback, a bug) ends the
@@ -179,9 +181,21 @@ class Sampler:
                     server += per_series(seq, t)
                 else:
                     probe.sample(values)
+                changes = getattr(probe, "take_changes", None)
+                if changes is not None:
+                    self._changed(changes(), t)
             except Exception as exc:
                 self._disable(probe, exc)
         return tuple(devices), tuple(server)
+
+    def _changed(self, changes: Sequence[Any], t: float) -> None:
+        """A probe's changes (``ServerProcessProbe``: the server replaced or lost): a warning
+        and a run event at this tick's time each."""
+        for c in changes:
+            self._warn(f"{c.kind}: {c.message}")
+            if self.on_event is not None:
+                data = {**c.data, "t": t}
+                self.on_event(Event(c.kind, t, self.clock.wall(), c.message, data=data))
 
     def _disable(self, probe: Probe, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}"

@@ -30,7 +30,9 @@ import ipaddress
 import socket
 import subprocess
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,6 +46,9 @@ from soakd.telemetry.probes import Probe, Values
 
 #: the longest one scrape of the server's /metrics may take (one interval when shorter)
 SCRAPE_TIMEOUT_S = 0.5
+#: how often the server's process tree is listed again (it walks every process on the host)
+#: and, in port mode, checked to still listen there; a process that vanishes lists it at once
+TREE_REFRESH_S = 2.0
 #: the build-time check that the default /metrics answers
 CHECK_TIMEOUT_S = 2.0
 #: processes that hold a port for a container, not the server behind it
@@ -188,55 +193,206 @@ def find_server(settings: Any) -> tuple[int, Path | None, str]:
     return pid, mem, how
 
 
+@dataclass(frozen=True, slots=True)
+class ServerChange:
+    """A change of the sampled server, for the run's events table: ``server_replaced``
+    (``data``: old_pid, new_pid and their create times) or ``server_lost`` (pid, create
+    time). The sampler stamps it with its tick's time."""
+
+    kind: str
+    message: str
+    data: dict[str, Any]
+
+
 class ServerProcessProbe:
     """The server's process tree: RSS and CPU summed, cgroup memory, GPU memory (NVML).
-    ``nvml`` is the ``pynvml`` module (injectable for tests; this probe initialises it)."""
+    ``nvml`` is the ``pynvml`` module (injectable for tests; this probe initialises it).
+
+    The server is a process (pid and create time), not a pid: each tick checks it is still
+    that process. One that exited (or whose pid was reused) is looked for again where it
+    was found (``port``: whatever listens there now; ``unit``: the unit's MainPID; a pid
+    named alone: nowhere), and so is one that stopped listening on ``port``: a different
+    process there is a ``server_replaced`` change and sampling follows it; none is one
+    ``server_lost`` (looked for again every ``TREE_REFRESH_S``). The tree below it is listed
+    every ``TREE_REFRESH_S``, and at once when one of its processes vanishes, not every
+    tick (listing it walks every process on the host)."""
 
     name = "server_process"
 
-    def __init__(self, pid: int, cgroup_mem: Path | None = None, nvml: Any = None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        cgroup_mem: Path | None = None,
+        nvml: Any = None,
+        *,
+        port: int | None = None,
+        unit: str | None = None,
+    ) -> None:
         try:
-            self._root = psutil.Process(pid)  # kept: a reused pid is never taken for it
+            root = psutil.Process(pid)  # kept: a reused pid is never taken for it
         except psutil.Error:
             raise ServerNotFound(f"server process {pid}: no such process") from None
-        self.pid = pid
+        self.port, self.unit = port, unit
         self.cgroup_mem = cgroup_mem
         self._procs: dict[int, psutil.Process] = {}  # kept, so cpu_percent has a baseline
-        with contextlib.suppress(psutil.Error):
-            self._tree()  # the first cpu_percent call only primes the counter
+        self._fresh: set[int] = set()  # primed this tick: their CPU counts from the next
+        self._changes: list[ServerChange] = []
+        self._next_refresh = 0.0
+        self._lost = False
+        self._adopt(root)
+        self._fresh = set()  # primed now: the first tick reads their CPU already
         self._nvml = _open_nvml(nvml)
         self._handles = _nvml_handles(self._nvml)
 
-    def _tree(self) -> tuple[list[psutil.Process], set[int]]:
-        """The server and its children now, and the pids first seen this tick (their CPU
-        counter is primed now and read from the next tick on)."""
-        tree = [self._root, *self._root.children(recursive=True)]
+    # -- who the server is
+
+    def _adopt(self, root: psutil.Process) -> None:
+        self._root: psutil.Process | None = root
+        self.pid = root.pid
+        self._born = _created(root)
+        self._procs = {}
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """List the tree again: the processes first seen are primed now (their CPU counts
+        from the next tick); a check, in port mode, that the server still listens there."""
+        root = self._root
+        assert root is not None
+        self._next_refresh = time.monotonic() + TREE_REFRESH_S
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            tree = [root]
         known = {p.pid: self._procs.get(p.pid, p) for p in tree}
-        new = set(known) - set(self._procs)
-        for pid in new:
+        self._fresh = set(known) - set(self._procs)
+        for pid in self._fresh:
             with contextlib.suppress(psutil.Error):
                 known[pid].cpu_percent(None)
         self._procs = known
-        return list(known.values()), new
+
+    def take_changes(self) -> list[ServerChange]:
+        """The changes since the last call (the sampler stores them as run events)."""
+        out, self._changes = self._changes, []
+        return out
+
+    def _serving(self) -> bool:
+        """The root is still the process found (same create time, not a zombie) and, in port
+        mode at a refresh, still listens on the port."""
+        root = self._root
+        if root is None or not root.is_running():
+            return False
+        try:
+            if root.status() == psutil.STATUS_ZOMBIE:
+                return False  # exited, not reaped yet (its memory reads 0)
+        except psutil.Error:
+            return False
+        due = time.monotonic() >= self._next_refresh
+        return not (due and self.port is not None and not _listens(root, self.port))
+
+    def _follow(self) -> None:
+        """The server is gone or left its port: take whatever now serves where it was found
+        (``server_replaced``), else say once that it is lost (``server_lost``)."""
+        now = time.monotonic()
+        if self._lost and now < self._next_refresh:
+            return
+        self._next_refresh = now + TREE_REFRESH_S
+        found = self._locate()
+        if found is not None and (found.pid, _created(found)) == (self.pid, self._born):
+            self._refresh()
+            return  # still the server (its sockets could not be read)
+        if found is None:
+            self._root = None
+            if not self._lost:
+                self._lost = True
+                self._changes.append(
+                    ServerChange(
+                        "server_lost",
+                        f"model server pid {self.pid} is gone and nothing took its place"
+                        f" ({self._where()})",
+                        {"pid": self.pid, "created": self._born},
+                    )
+                )
+            return
+        old, born = self.pid, self._born
+        self._adopt(found)
+        self._lost = False
+        self._changes.append(
+            ServerChange(
+                "server_replaced",
+                f"model server pid {old} replaced by pid {found.pid} ({self._where()})",
+                {
+                    "old_pid": old,
+                    "new_pid": found.pid,
+                    "old_created": born,
+                    "new_created": self._born,
+                },
+            )
+        )
+
+    def _locate(self) -> psutil.Process | None:
+        """The process serving where the server was found now (None: none, or a pid named
+        alone: it is never looked for elsewhere)."""
+        try:
+            if self.port is not None:
+                pid = listening_pid(self.port)
+            elif self.unit is not None:
+                pid, mem = unit_process(self.unit)
+                self.cgroup_mem = mem or self.cgroup_mem
+            else:
+                return None
+            return psutil.Process(pid)
+        except (ServerNotFound, psutil.Error):
+            return None
+
+    def _where(self) -> str:
+        if self.port is not None:
+            return f"listening on port {self.port}"
+        if self.unit is not None:
+            return f"systemd unit {self.unit}"
+        return "telemetry.server_pid"
+
+    # -- the tick
 
     def sample(self, into: Values) -> None:
-        try:
-            if self._root.status() == psutil.STATUS_ZOMBIE:
-                return  # exited, not reaped yet (its memory reads 0): gone, keys stay None
-            tree, new = self._tree()
-            rss, cpu = _usage(self._root, self._root.pid in new)  # raises: the server is gone
-        except psutil.Error:
-            return  # its keys stay None
-        for p in tree[1:]:
-            with contextlib.suppress(psutil.Error):  # a child that just ended counts nothing
-                r, c = _usage(p, p.pid in new)
-                rss, cpu = rss + r, cpu + c
+        if not self._serving():
+            self._follow()
+            if self._root is None:
+                return  # its keys stay None
+        elif time.monotonic() >= self._next_refresh:
+            self._refresh()
+        got = self._read(self._procs.values())
+        if got is None:
+            return  # the root ended since the check: the next tick follows it
+        rss, cpu, vanished = got
+        if vanished:  # a worker ended: list the tree again, count the ones not read yet
+            read = set(self._procs)
+            self._refresh()
+            more = self._read(p for p in self._procs.values() if p.pid not in read)
+            if more is not None:
+                rss, cpu = rss + more[0], cpu + more[1]
+        self._fresh = set()
         into["server_rss_bytes"] = rss
         into["server_cpu_pct"] = cpu
         if self.cgroup_mem is not None:
             with contextlib.suppress(OSError, ValueError):
                 into["server_cgroup_mem_bytes"] = int(self.cgroup_mem.read_text())
-        into["server_gpu_mem_bytes"] = self._gpu_bytes({p.pid for p in tree})
+        into["server_gpu_mem_bytes"] = self._gpu_bytes(set(self._procs))
+
+    def _read(self, procs: Iterable[psutil.Process]) -> tuple[int, float, bool] | None:
+        """(RSS, CPU, whether one vanished) summed over ``procs``; None when the root is one
+        of them and cannot be read."""
+        rss, cpu, vanished = 0, 0.0, False
+        for p in list(procs):
+            try:
+                r, c = _usage(p, p.pid in self._fresh)
+            except psutil.Error:
+                if p.pid == self.pid:
+                    return None
+                self._procs.pop(p.pid, None)
+                vanished = True
+                continue
+            rss, cpu = rss + r, cpu + c
+        return rss, cpu, vanished
 
     def _gpu_bytes(self, pids: set[int]) -> int | None:
         """The GPU memory NVML reports for ``pids``, over every GPU; None when it reports
@@ -259,6 +415,13 @@ class ServerProcessProbe:
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
+
+
+def _created(p: psutil.Process) -> float:
+    try:
+        return float(p.create_time())
+    except psutil.Error:
+        return 0.0
 
 
 def _usage(p: psutil.Process, new: bool) -> tuple[int, float]:
@@ -416,7 +579,13 @@ def server_probes(settings: Any, log: Any = None) -> list[Probe]:
     probes: list[Probe] = []
     if t.server_process != "off" or t.server_pid is not None or t.server_unit is not None:
         pid, mem, how = find_server(settings)
-        probes.append(ServerProcessProbe(pid, mem))
+        # followed where it was found: the unit's MainPID, the port's listener (a pid named
+        # alone is never looked for elsewhere)
+        unit = t.server_unit if t.server_pid is None else None
+        port = (
+            None if t.server_pid is not None or unit else _host_port(settings.workload.base_url)[1]
+        )
+        probes.append(ServerProcessProbe(pid, mem, port=port, unit=unit))
         _info(log, f"sampling the model server: pid {pid} ({how}) and its children")
     url = metrics_url(settings)
     if url is not None and (t.server_metrics_url is not None or _answers(url)):

@@ -5,6 +5,7 @@ allocator sawtooth returning to the same floor is not a leak.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -155,19 +156,51 @@ def _floor_too_short(ctx: Context, w: float) -> str:
 
 
 def judge_server_memory(ctx: Context, w: float, gpu_any: bool) -> list[CriterionResult]:
-    """A served model's server: its RSS and GPU memory, by the rule of soakd's own
-    (soakd.analysis.server)."""
+    """A served model's server: its RSS and GPU memory, by the rule of soakd's own, per
+    server lifetime when the server was replaced or lost (soakd.analysis.server)."""
     d, thr = ctx.data, ctx.crit.max_memory_growth_mb_per_min
-    post = d.samples["t"] >= ctx.t0
+    lives = server.lifetimes(d.events)
+    missing = server.changes_unloaded(d)
+    st = d.samples["t"]
+    post = st >= ctx.t0
     out = []
     for name, col, title in server.SERVER_MEMORY_METRICS:
-        t, y = d.samples["t"][post], d.sample(col)[post]
-        ok = np.isfinite(y)
-        if ok.any():
-            out.append(judge_memory_metric(ctx, name, title, t[ok], y[ok], w))
-        else:
+        y = d.sample(col)
+        ok = post & np.isfinite(y)
+        if not ok.any():
             out.append(server.memory_missing(d.meta, name, title, thr, gpu_any))
+        elif missing:
+            out.append(server.unloaded_changes(name, title, thr, missing))
+        elif len(lives) == 1 and not lives[0].ended:  # one server from start to end
+            out.append(judge_memory_metric(ctx, name, title, st[ok], y[ok], w))
+        else:
+            judged = [_judge_lifetime(ctx, life, name, title, st, y, ok) for life in lives]
+            lived = [(life, res, long) for life, (res, long) in zip(lives, judged, strict=True)]
+            out.append(server.combine_lifetimes(name, title, thr, lived, lives[-1]))
     return out
+
+
+def _judge_lifetime(
+    ctx: Context,
+    life: server.Lifetime,
+    name: str,
+    title: str,
+    t: np.ndarray,
+    y: np.ndarray,
+    ok: np.ndarray,
+) -> tuple[CriterionResult | None, bool]:
+    """One server lifetime's memory judged alone in its own window (its own floor window);
+    None when it has under 3 samples there; and whether it was long enough to judge."""
+    span = life.window(ctx.t0, ctx.t1)
+    if span is None:
+        return None, False
+    mine = ok & (t >= span[0]) & (t < span[1])
+    if mine.sum() < 3:
+        return None, False
+    sub = replace(ctx, t0=span[0], t1=span[1])
+    w, _note = floor_window_s(sub.span, ctx.crit.floor_window_s)
+    long = w >= ctx.crit.floor_window_s * (1 - FLOOR_SLACK)
+    return judge_memory_metric(sub, name, title, t[mine], y[mine], w), long
 
 
 def _memory_missing(
