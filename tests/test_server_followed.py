@@ -246,7 +246,7 @@ def test_a_server_that_dies_with_no_replacement_is_lost_and_never_pass(
 # --------------------------------------------------------------------------- the probe
 
 # a stand-in server holding ``MB`` megabytes, listening with SO_REUSEPORT on PORT (0: any);
-# prints its port
+# prints its port; a line on stdin closes its socket (it lives on, serving nothing)
 _HOLDER = textwrap.dedent(
     """
     import socket, sys, time
@@ -256,6 +256,9 @@ _HOLDER = textwrap.dedent(
     s.bind(("127.0.0.1", int(sys.argv[1])))
     s.listen()
     print(s.getsockname()[1], flush=True)
+    sys.stdin.readline()
+    s.close()
+    print(flush=True)
     time.sleep(60)
     """
 )
@@ -263,7 +266,10 @@ _HOLDER = textwrap.dedent(
 
 def _holder(port: int, mb: int) -> tuple[subprocess.Popen[str], int]:
     p = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(port), str(mb)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _HOLDER, str(port), str(mb)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None
     return p, int(p.stdout.readline())
@@ -332,6 +338,40 @@ _SPAWNER = textwrap.dedent(
     sys.stdin.readline()
     """
 )
+
+
+def test_a_port_that_changes_hands_is_followed_though_the_old_server_lives_on() -> None:
+    """The sampled server closes its listening socket (alive, serving nothing) while
+    another process listens on the port: within TREE_REFRESH_S the probe says
+    server_replaced and samples the new one."""
+    from soakd.telemetry import server as srv
+
+    a, port = _holder(0, 10)
+    b = None
+    try:
+        probe = ServerProcessProbe(a.pid, port=port)
+        b, _ = _holder(port, 60)
+        assert a.stdin is not None and a.stdout is not None
+        a.stdin.write("close\n")
+        a.stdin.flush()
+        a.stdout.readline()
+        deadline = time.monotonic() + srv.TREE_REFRESH_S + 5
+        changes: list[Any] = []
+        while not changes:
+            assert time.monotonic() < deadline, "the port's new holder was never followed"
+            _sample(probe)
+            changes = probe.take_changes()
+            time.sleep(0.1)
+        assert [(c.kind, c.data["old_pid"], c.data["new_pid"]) for c in changes] == [
+            ("server_replaced", a.pid, b.pid)
+        ]
+        assert (_sample(probe).get("server_rss_bytes") or 0) > 60 * MB
+        assert a.poll() is None  # the old server lives on: it left the port, it did not die
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(5)
 
 
 def test_the_process_tree_is_not_walked_every_tick_yet_workers_are_followed() -> None:
@@ -411,3 +451,22 @@ def test_an_earlier_lifetime_s_leak_is_not_hidden_by_a_flat_last_one() -> None:
     assert got is not None
     assert got.status == "fail", got.detail
     assert "111" in got.detail
+
+
+def test_server_changes_beyond_the_loaded_events_make_memory_invalid_not_pass() -> None:
+    """A run whose stored server_replaced events outnumber the events loaded (load_events
+    reads the first 200) cannot have its lifetimes told apart: INVALID, not a PASS over
+    several servers' samples."""
+    t = np.arange(0.0, 60.0, 0.5)
+    meta = RunMeta("r", fps=5, workload_kind="openai", duration_s=60.0, warmup_s=1.0)
+    frames = {"t_capture": t[::2] + 0.01, "t_dispatch": t[::2] + 0.01, "t_done": t[::2] + 0.05}
+    warm = [{"t": 1.0, "kind": "warmup_end", "frame_id": None, "message": "", "data": None}]
+    data = make_run_data(
+        meta, frames=frames, samples={"t": t, "server_rss_bytes": np.full(t.size, 80.0 * MB)},
+        events=warm,
+    )  # fmt: skip
+    assert judge(data, CriteriaSettings()).get("memory_server_rss").status == "pass"  # type: ignore[union-attr]
+    data.event_counts["server_replaced"] = 3  # stored, but past the loaded events
+    got = judge(data, CriteriaSettings()).get("memory_server_rss")
+    assert got is not None and got.status == "invalid", got
+    assert "3 more server_replaced" in got.detail

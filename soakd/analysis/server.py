@@ -164,34 +164,39 @@ def combine_lifetimes(
     title: str,
     threshold: float,
     judged: Sequence[tuple[Lifetime, CriterionResult | None, bool]],
-    last: Lifetime,
-) -> CriterionResult:
+) -> tuple[CriterionResult, int | None]:
     """One server memory criterion from its lifetimes' results (``(lifetime, its result or
     None when it had no samples in the measured window, whether it was long enough to
-    judge)``, in time order; ``last`` the run's last lifetime): FAIL when any lifetime
-    FAILs (the steepest), else INVALID when the last server was lost, else the last
-    lifetime's result when it was long enough to judge, else INVALID "replaced at t"."""
+    judge)``, in time order, the run's last lifetime last), and which of them decided it
+    (None: none): FAIL when any lifetime FAILs (the steepest), else INVALID when the last
+    server was lost, else the last lifetime's result when it was long enough to judge,
+    else INVALID "the server was replaced at t"."""
     rows = [_row(life, res) for life, res, _ in judged]
-    fails = [(life, r) for life, r, _ in judged if r is not None and r.status == FAIL]
+    fails = [
+        (r.value or 0.0, i, life, r)
+        for i, (life, r, _) in enumerate(judged)
+        if r is not None and r.status == FAIL
+    ]
+    last, res, long = judged[-1]
     unit = "MB/min"
-    if fails:
-        leaking, worst = max(fails, key=lambda lr: lr[1].value or 0.0)
-        return _relabel(worst, f"server {leaking.where()} (from {_at(leaking.start)})", rows)
+    if fails:  # the steepest leak
+        _, worst, leaking, bad = max(fails, key=lambda f: f[0])
+        return _relabel(bad, f"server {leaking.where()} (from {_at(leaking.start)})", rows), worst
     if last.ended == "lost":
         detail = (
             f"the server ({last.where()}) was lost at {_at(last.end)} and nothing took its"
             " place: its memory is not judged on a dead process's samples"
         )
-        return _invalid(name, title, threshold, unit, detail, rows)
-    res, long = next(((r, ok) for life, r, ok in judged if life is last), (None, False))
+        return _invalid(name, title, threshold, unit, detail, rows), None
     if res is not None and long:  # PASS, or INVALID saying why (untested, undecided)
-        return _relabel(res, f"server {last.where()} (from {_at(last.start)})", rows)
+        at = len(judged) - 1
+        return _relabel(res, f"server {last.where()} (from {_at(last.start)})", rows), at
     detail = (
         f"the server was replaced at {_at(last.start)} (now {last.where()}): its life since"
         " is too short to judge its memory (or was not sampled), and the earlier server's"
         " samples are not the new one's"
     )
-    return _invalid(name, title, threshold, unit, detail, rows)
+    return _invalid(name, title, threshold, unit, detail, rows), None
 
 
 def _relabel(res: CriterionResult, who: str, rows: list[dict[str, Any]]) -> CriterionResult:

@@ -2,14 +2,17 @@
 
 A served model leaks in the server, not in soakd, so a run of one samples, every tick:
 
-* ``ServerProcessProbe``: the server's process and all its children (re-listed each tick:
-  workers come and go), RSS and CPU summed (``server_rss_bytes``, ``server_cpu_pct``), its
-  systemd unit's cgroup ``memory.current`` (``server_cgroup_mem_bytes``) and, where NVML
-  starts, the GPU memory NVML reports for those pids on every GPU (``server_gpu_mem_bytes``;
-  None in a container whose pids NVML does not share). The process is
-  ``telemetry.server_pid``, or ``telemetry.server_unit``'s MainPID, or (``server_process =
-  "auto"``) the one listening on the endpoint's port on this host. A server that dies
-  leaves the keys None; a tick never raises.
+* ``ServerProcessProbe``: the server's process and all its children (listed again every
+  ``TREE_REFRESH_S`` and when one vanishes: workers come and go), RSS and CPU summed
+  (``server_rss_bytes``, ``server_cpu_pct``), its systemd unit's cgroup ``memory.current``
+  (``server_cgroup_mem_bytes``) and, where NVML starts, the GPU memory NVML reports for those
+  pids on every GPU (``server_gpu_mem_bytes``; None in a container whose pids NVML does not
+  share). The process is ``telemetry.server_pid``, or ``telemetry.server_unit``'s MainPID,
+  or (``server_process = "auto"``) the one listening on the endpoint's port on this host,
+  known by its pid and create time. A server replaced where it was found is followed (a
+  ``server_replaced`` change), one gone with nothing in its place leaves the keys None (one
+  ``server_lost`` change); the sampler stores the changes as run events. A tick never
+  raises.
 * ``ServerMetricsProbe``: the server's Prometheus endpoint, parsed with prometheus_client's
   parser; the samples named (as exported, ``vllm:num_preemptions_total``) in
   ``telemetry.server_metrics`` become ``ServerMetric`` rows on the tick's ``Sample``
@@ -254,8 +257,8 @@ class ServerProcessProbe:
         self._refresh()
 
     def _refresh(self) -> None:
-        """List the tree again: the processes first seen are primed now (their CPU counts
-        from the next tick); a check, in port mode, that the server still listens there."""
+        """List the tree again (the next time in ``TREE_REFRESH_S``): the processes first
+        seen are primed now, their CPU counts from the next tick."""
         root = self._root
         assert root is not None
         self._next_refresh = time.monotonic() + TREE_REFRESH_S

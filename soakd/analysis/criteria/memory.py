@@ -174,10 +174,32 @@ def judge_server_memory(ctx: Context, w: float, gpu_any: bool) -> list[Criterion
         elif len(lives) == 1 and not lives[0].ended:  # one server from start to end
             out.append(judge_memory_metric(ctx, name, title, st[ok], y[ok], w))
         else:
-            judged = [_judge_lifetime(ctx, life, name, title, st, y, ok) for life in lives]
-            lived = [(life, res, long) for life, (res, long) in zip(lives, judged, strict=True)]
-            out.append(server.combine_lifetimes(name, title, thr, lived, lives[-1]))
+            out.append(_judge_lifetimes(ctx, lives, name, title, st, y, ok))
     return out
+
+
+def _judge_lifetimes(
+    ctx: Context,
+    lives: list[server.Lifetime],
+    name: str,
+    title: str,
+    t: np.ndarray,
+    y: np.ndarray,
+    ok: np.ndarray,
+) -> CriterionResult:
+    """A server memory criterion over the server's lifetimes, each judged alone in its own
+    window (server.combine_lifetimes decides); the plots and the headroom get the deciding
+    lifetime's floors and trend, or none."""
+    judged, kept = [], []
+    for life in lives:
+        res, long = _judge_lifetime(ctx, life, name, title, t, y, ok)
+        judged.append((life, res, long))
+        kept.append((ctx.series.pop(name, None), ctx.trends.pop(name, None)))
+    res, by = server.combine_lifetimes(name, title, ctx.crit.max_memory_growth_mb_per_min, judged)
+    win, tr = kept[by] if by is not None else (None, None)
+    if win is not None and tr is not None:
+        ctx.series[name], ctx.trends[name] = win, tr
+    return res
 
 
 def _judge_lifetime(

@@ -1,0 +1,216 @@
+"""Served models: soakd's own CPU per request at a soak's rate, against a bare httpx loop.
+
+Target (issue 34, "the harness's own cost on served runs"): soakd's CPU per served request
+at most 1.5x a bare httpx loop's, at the same rate against the same server. Before this
+bench, soakd used 5-6 % of a core at 2 requests/s against 1.4 % for the bare loop, about 3 %
+of it the server-process probe listing the server's process tree (``psutil`` children,
+recursively: a walk of every process on the host) on every 150 ms tick.
+
+Server: tests/openai_test_server.py (a test fixture, not a model), 8 tokens a request,
+streamed; its own CPU is not counted. Arms, each ``duration`` seconds at ``rate`` requests/s:
+
+* bare httpx: one ``httpx.Client``, a 320x240 JPEG body encoded once beforehand, one
+  streamed POST per period read to ``data: [DONE]``, sleeping to the next period;
+* soakd: ``run_soak`` of the openai workload (320x240 frames encoded per request), the
+  default 150 ms telemetry with the server-process probe, the store and the verdict; CPU
+  counted from the run's own start to its end (setup and judging left out), the process's
+  user + system time read by the test's own thread;
+* soakd, tree every tick: the same with ``TREE_REFRESH_S = 0`` (the probe lists the tree on
+  every tick, as before it was kept).
+
+Beside them, the probe alone: its thread CPU per tick over ``ticks`` ticks at 150 ms, with the
+tree kept and listed every tick, and the number of processes on the host (the walk's cost
+grows with it).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil
+
+from bench._common import BenchResult, Target, bench_main
+from soakd.observers.base import Observer
+
+TOKENS = 8
+RATE = 2.0
+WIDTH, HEIGHT = 320, 240
+
+
+def _cpu_s() -> float:
+    t = psutil.Process().cpu_times()
+    return float(t.user + t.system)
+
+
+def _bare(base_url: str, body: bytes, rate: float, duration: float) -> tuple[float, int]:
+    """(CPU seconds, requests) of the bare loop."""
+    import httpx
+
+    url = f"{base_url}/chat/completions"
+    n, period = 0, 1.0 / rate
+    with httpx.Client(timeout=30) as client:
+        c0, t0 = _cpu_s(), time.monotonic()
+        while time.monotonic() - t0 < duration:
+            with client.stream(
+                "POST", url, content=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        break
+            n += 1
+            time.sleep(max(0.0, t0 + n * period - time.monotonic()))
+        return _cpu_s() - c0, n
+
+
+class _Marks(Observer):
+    """The process's CPU when the run starts (its row is open) and when it starts to stop:
+    the soak, not its setup nor its judging."""
+
+    def __init__(self) -> None:
+        self.start = self.end = 0.0
+
+    def on_run_start(self, info: Any) -> None:
+        self.start = _cpu_s()
+
+    def on_stopping(self, reason: str) -> None:
+        self.end = _cpu_s()
+
+
+def _soakd(base_url: str, db: Path, rate: float, duration: float) -> tuple[float, int]:
+    """(CPU seconds from the run's start to its end, requests done) of one soakd run."""
+    import sqlite3
+
+    from soakd.config import load_settings
+    from soakd.run.runner import run_soak
+
+    s = load_settings(
+        overrides=[
+            "workload.kind=openai",
+            f"workload.base_url={base_url!r}",
+            f"workload.max_tokens={TOKENS}",
+            f"run.db={str(db)!r}",
+            f"run.fps={rate}",
+            f"run.duration={duration}",
+            "run.warmup_s=0",
+            "run.log_every=0",
+            f"source.width={WIDTH}",
+            f"source.height={HEIGHT}",
+        ]
+    )
+    marks = _Marks()
+    result = run_soak(s, observers=[marks])
+    with sqlite3.connect(db) as c:
+        n = c.execute(
+            "SELECT count(*) FROM frames WHERE run_id = ? AND error IS NULL", (result.run_id,)
+        ).fetchone()[0]
+    return marks.end - marks.start, int(n)
+
+
+def _probe_tick_ms(pid: int, refresh_s: float, ticks: int) -> float:
+    from soakd.telemetry import server as srv
+
+    keep = srv.TREE_REFRESH_S
+    srv.TREE_REFRESH_S = refresh_s
+    try:
+        probe = srv.ServerProcessProbe(pid)
+        c0 = time.thread_time_ns()
+        for _ in range(ticks):
+            probe.sample({})
+            time.sleep(0.15)
+        return (time.thread_time_ns() - c0) / ticks / 1e6
+    finally:
+        srv.TREE_REFRESH_S = keep
+
+
+def run(quick: bool, workdir: Path) -> BenchResult:
+    import numpy as np
+
+    from soakd.config import load_settings
+    from soakd.records import Frame
+    from soakd.telemetry import server as srv
+    from soakd.workloads.base import WorkloadContext
+    from soakd.workloads.openai import OpenAIStaged
+    from tests.openai_test_server import start_server
+
+    duration, ticks = (8.0, 30) if quick else (60.0, 200)
+    res = BenchResult(
+        "served_cpu", quick,
+        params={"rate": RATE, "duration_s": duration, "tokens": TOKENS,
+                "frame": f"{WIDTH}x{HEIGHT}", "probe_ticks": ticks,
+                "tree_refresh_s": srv.TREE_REFRESH_S,
+                "server": "tests/openai_test_server.py"},
+    )  # fmt: skip
+    with start_server() as server:
+        s = load_settings(
+            overrides=["workload.kind=openai", f"workload.base_url={server.base_url!r}"]
+        )
+        wl = OpenAIStaged(s.workload, WorkloadContext())  # type: ignore[arg-type]
+        wl.setup()
+        image = np.random.default_rng(0).integers(0, 255, (HEIGHT, WIDTH, 3), dtype=np.uint8)
+        body = wl.preprocess(Frame(0, 0, 0, 0, image))[1]
+        wl.close()
+        host = len(psutil.pids())
+        cpu_b, n_b = _bare(server.base_url, body, RATE, duration)
+        cpu_s, n_s = _soakd(server.base_url, workdir / "kept.db", RATE, duration)
+        keep = srv.TREE_REFRESH_S
+        srv.TREE_REFRESH_S = 0.0
+        try:
+            cpu_e, n_e = _soakd(server.base_url, workdir / "every.db", RATE, duration)
+        finally:
+            srv.TREE_REFRESH_S = keep
+        kept_ms = _probe_tick_ms(server.pid, keep, ticks)
+        every_ms = _probe_tick_ms(server.pid, 0.0, ticks)
+    per = {
+        "bare httpx": (cpu_b, n_b),
+        "soakd": (cpu_s, n_s),
+        "soakd, tree every tick": (cpu_e, n_e),
+    }
+    for arm, (cpu, n) in per.items():
+        res.rows.append(
+            {
+                "arm": arm,
+                "requests": n,
+                "cpu_ms_per_request": 1e3 * cpu / max(n, 1),
+                "core_pct": 100 * cpu / duration,
+                "probe_tick_ms": None,
+            }
+        )
+    bare_ms = 1e3 * cpu_b / max(n_b, 1)
+    soak_ms = 1e3 * cpu_s / max(n_s, 1)
+    res.metrics.update(
+        host_processes=host, bare_cpu_ms_per_request=bare_ms, soakd_cpu_ms_per_request=soak_ms,
+        every_tick_cpu_ms_per_request=1e3 * cpu_e / max(n_e, 1),
+        ratio=soak_ms / bare_ms if bare_ms else None,
+        probe_tick_ms_kept=kept_ms, probe_tick_ms_every_tick=every_ms,
+    )  # fmt: skip
+    for arm, ms in (("probe alone, tree kept", kept_ms), ("probe alone, every tick", every_ms)):
+        res.rows.append(
+            {"arm": arm, "requests": None, "cpu_ms_per_request": None, "core_pct": None,
+             "probe_tick_ms": ms}
+        )  # fmt: skip
+    res.notes.append(f"{host} processes on the host")
+    res.targets.append(
+        Target(
+            "soakd CPU per request / bare httpx loop's",
+            soak_ms / bare_ms if bare_ms else None,
+            1.5,
+            "<=",
+            "x",
+            f"at {RATE:g} requests/s, same server, same machine",
+        )
+    )
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(__doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
