@@ -17,7 +17,7 @@ import pytest
 from soakd.analysis import judge
 from soakd.analysis.criteria import frame_age as frame_age_criterion
 from soakd.analysis.criteria import memory as memory_criterion
-from soakd.analysis.criteria.base import Live
+from soakd.analysis.criteria.base import Live, LiveTable
 from soakd.analysis.data import make_run_data
 from soakd.analysis.model import RunMeta
 from soakd.analysis.stats import look_alpha, obrien_fleming_spent, trend
@@ -154,7 +154,9 @@ def _leak_live(now: float, planned_s: float = 100.0) -> Live:
     ``now``, in a run planned for ``planned_s``."""
     t = np.arange(0.0, now, 0.1)
     live = Live(planned_s=planned_s, fps=10.0, streams=1, now=now, t0=0.0)
-    live.samples = {"t": list(t), "rss_bytes": list(100e6 + 1e6 * t)}
+    live.samples = LiveTable(("t", "rss_bytes"))
+    for ti in t:
+        live.samples.append((ti, 100e6 + 1e6 * ti))
     return live
 
 

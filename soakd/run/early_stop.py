@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -27,15 +26,24 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import stats
-from soakd.analysis.criteria.base import EARLY_STOP_EVENT, EarlyFail, Live
+from soakd.analysis.criteria.base import (
+    EARLY_STOP_EVENT,
+    EarlyFail,
+    Live,
+    LiveTable,
+    LiveValues,
+)
 from soakd.analysis.model import GENERATOR_SHAPES, MEMORY_METRICS
+from soakd.analysis.server import SERVER_MEMORY_METRICS
 from soakd.analysis.verdict import CRITERIA
-from soakd.config import CriteriaSettings, Settings
+from soakd.config import SERVER_KV_METRICS, SERVER_WAITING_METRICS, CriteriaSettings, Settings
 from soakd.observers.base import Observer, Progress, RunInfo
-from soakd.records import Event, FrameRecord, Sample
+from soakd.records import Event, FrameRecord, Sample, ServerMetric
 
-#: the telemetry columns the running criteria read
-_SAMPLE_COLUMNS = tuple(col for _, col, _ in MEMORY_METRICS)
+#: the telemetry columns the running criteria read: soakd's memory and a served model's
+_SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_METRICS))
+#: a served model's queue metrics (summed over their label sets at each tick)
+_SERVER_COLUMNS = (*SERVER_WAITING_METRICS, *SERVER_KV_METRICS)
 
 
 class EarlyStop(Observer):
@@ -60,6 +68,12 @@ class EarlyStop(Observer):
         self._last: dict[int, tuple[int, int]] = {}
         self._ooms_at: float | None = None  # the torch OOM counter's first reading
         self.fired: EarlyFail | None = None
+        #: what losing this observer switches off (``Observer.decides``)
+        self.decides = (
+            "run.stop_on_fail"
+            if any(not m.__name__.endswith(".thresholds") for m in self.criteria)
+            else "the abort_on_fail thresholds"
+        )
 
     def on_run_start(self, info: RunInfo) -> None:
         self.live.generates = info.shape in GENERATOR_SHAPES
@@ -91,10 +105,11 @@ class EarlyStop(Observer):
         live = self.live
         if live.t0 is None or sample.t < live.t0:
             return
-        _series(live.samples, "t").append(sample.t)
-        for col in _SAMPLE_COLUMNS:
-            v = sample.values.get(col)
-            _series(live.samples, col).append(math.nan if v is None else float(v))
+        if live.samples is not None:
+            values = sample.values
+            live.samples.append([sample.t, *(_num(values.get(c)) for c in _SAMPLE_COLUMNS)])
+        if live.server is not None and sample.server:
+            live.server.append([sample.t, *_summed(sample.server)])
         for col in self._sample_columns:
             v = sample.values.get(col)
             if v is not None:
@@ -137,12 +152,27 @@ class EarlyStop(Observer):
                 return
 
 
-def _series(table: dict[str, Any], key: str) -> array[float]:
-    """``table[key]``, a new array of doubles when there is none."""
+def _series(table: dict[str, LiveValues], key: str) -> LiveValues:
+    """``table[key]``, a new column when there is none."""
     got = table.get(key)
     if got is None:
-        got = table[key] = array("d")
-    return got  # type: ignore[no-any-return]
+        got = table[key] = LiveValues()
+    return got
+
+
+def _num(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _summed(metrics: Sequence[ServerMetric]) -> list[float]:
+    """Each queue metric's value at this tick, summed over its label sets (NaN if none),
+    as ``store.server_metrics.load_server_metrics`` sums them for the verdict."""
+    got = dict.fromkeys(_SERVER_COLUMNS, math.nan)
+    for m in metrics:
+        if m.name in got and math.isfinite(m.value):
+            prev = got[m.name]
+            got[m.name] = m.value if math.isnan(prev) else prev + m.value
+    return list(got.values())
 
 
 def _warm_up_the_looks() -> None:
@@ -177,4 +207,7 @@ def watch_early_stop(
     # the measured RSS as a step mid-run
     _warm_up_the_looks()
     live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams)
+    # the live telemetry, allocated and written now (before the warm-up), never grown
+    live.samples = LiveTable(("t", *_SAMPLE_COLUMNS))
+    live.server = LiveTable(("t", *_SERVER_COLUMNS), floor=False)
     return [EarlyStop(live, crit, asked, event=event, stop=stop)]

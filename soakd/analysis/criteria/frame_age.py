@@ -250,7 +250,7 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
     if alpha is None:
         return None
-    t, y = np.asarray(live.age_t), np.asarray(live.age_ms)
+    t, y = live.age_series()
     tol = crit.max_age_slope_ms_per_min
     tr = stats.trend(t, y, alpha)
     if call_trend(tr, t, y, alpha, tol / 60).how != "rising":

@@ -210,7 +210,9 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     alpha = live.look("memory", LOOK_EVERY_WINDOWS * crit.floor_window_s, crit.alpha)
     if alpha is None or live.t0 is None:
         return None
-    samples = {k: np.asarray(v, dtype=np.float64) for k, v in live.samples.items()}
+    samples = live.samples_now()
+    if len(samples.get("t", ())) < 3:
+        return None
     data = make_run_data(RunMeta("live", fps=live.fps), samples=samples)
     none = np.zeros(0, dtype=bool)
     look = crit.model_copy(update={"alpha": alpha})
