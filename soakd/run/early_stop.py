@@ -7,8 +7,8 @@ stale frames, OOMs and the telemetry since the end of the warm-up; the values of
 snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default false for
 ``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
 ``max_drop_fraction`` of every tick the planned run can have, a memory floor or the frame
-age (its window medians, ``Live.add_age``) rising significantly at the alpha an
-O'Brien–Fleming spending function gives this look. The
+age (its window medians, ``Live.add_age``) rising significantly at the alpha a
+Pocock-type spending function gives this look (``criteria.base.look_alpha``). The
 ``abort_on_fail`` thresholds are asked always. The first that fails stores an
 ``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
 criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
@@ -30,8 +30,10 @@ from soakd.analysis.criteria.base import (
     EARLY_STOP_EVENT,
     EarlyFail,
     Live,
+    LiveHistogram,
     LiveTable,
     LiveValues,
+    look_alpha,
 )
 from soakd.analysis.model import GENERATOR_SHAPES, MEMORY_METRICS
 from soakd.analysis.server import SERVER_MEMORY_METRICS
@@ -42,6 +44,8 @@ from soakd.records import Event, FrameRecord, Sample, ServerMetric
 
 #: the telemetry columns the running criteria read: soakd's memory and a served model's
 _SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_METRICS))
+#: the stage times jitter judges (infer, or a session's output latency when untimed)
+_JITTER_COLUMNS = ("infer_ms", "output_latency_ms")
 #: a served model's queue metrics (summed over their label sets at each tick)
 _SERVER_COLUMNS = (*SERVER_WAITING_METRICS, *SERVER_KV_METRICS)
 
@@ -94,6 +98,11 @@ class EarlyStop(Observer):
         live.errors += rec.error is not None
         if not rec.skipped and rec.frame_age_ms is not None and rec.t_dispatch is not None:
             live.add_age(rec.t_dispatch, rec.frame_age_ms)
+        if not rec.skipped and rec.error is None:
+            for col in _JITTER_COLUMNS:
+                v = getattr(rec, col)
+                if v is not None:
+                    live.stage_ms[col].add(v)
         if not rec.skipped:
             for col in self._frame_columns:
                 v = getattr(rec, col, None)
@@ -180,7 +189,7 @@ def _warm_up_the_looks() -> None:
     cache a memory look uses is loaded before the run measures anything."""
     x = np.arange(32, dtype=np.float64)
     stats.trend(x, x + np.sin(x), 0.01)
-    stats.look_alpha(0.01, 0.5, 0.25)
+    look_alpha(0.01, 0.5, 0.25)
 
 
 def early_criteria(stop_on_fail: bool) -> list[ModuleType]:
@@ -210,4 +219,5 @@ def watch_early_stop(
     # the live telemetry, allocated and written now (before the warm-up), never grown
     live.samples = LiveTable(("t", *_SAMPLE_COLUMNS))
     live.server = LiveTable(("t", *_SERVER_COLUMNS), floor=False)
+    live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
     return [EarlyStop(live, crit, asked, event=event, stop=stop)]

@@ -241,7 +241,7 @@ LOOK_EVERY_WINDOWS = 5
 
 def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     """Frame age rising significantly above ``max_age_slope_ms_per_min`` at this look's
-    share of alpha (O'Brien–Fleming over the planned run, ``stats.look_alpha``), tested as
+    share of alpha (spent over the planned run, ``criteria.base.look_alpha``), tested as
     the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
     backlog that keeps growing stops the run without waiting for its planned end. A
     generator's frames are judged on their output intervals, not on frame age: not asked."""
