@@ -88,7 +88,7 @@ def _frames(watch: EarlyStop, seconds: float, spike_every: int, jitter_k: object
 
 def test_jitter_stops_the_run_once_more_frames_are_over_k_x_the_median_s_bound_than_allowed() -> (
     None
-):  # noqa: E501
+):
     """A spike of 8 x the median every 25th frame: 6 (by 15 s) are more than the 5 a
     10-minute run at 10 fps allows (0.1 % of its ~6000 frames), and a look within 30 s
     stops it on jitter; frames without spikes never, nor with jitter_k = "history" (its k

@@ -23,9 +23,6 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from soakd.analysis import stats
 from soakd.analysis.criteria.base import (
     EARLY_STOP_EVENT,
     EarlyFail,
@@ -33,7 +30,6 @@ from soakd.analysis.criteria.base import (
     LiveHistogram,
     LiveTable,
     LiveValues,
-    look_alpha,
 )
 from soakd.analysis.model import GENERATOR_SHAPES, MEMORY_METRICS
 from soakd.analysis.server import SERVER_MEMORY_METRICS
@@ -184,12 +180,31 @@ def _summed(metrics: Sequence[ServerMetric]) -> list[float]:
     return list(got.values())
 
 
-def _warm_up_the_looks() -> None:
-    """One trend test and one spending-function value on made-up data: every module and
-    cache a memory look uses is loaded before the run measures anything."""
-    x = np.arange(32, dtype=np.float64)
-    stats.trend(x, x + np.sin(x), 0.01)
-    look_alpha(0.01, 0.5, 0.25)
+def _rehearse(crit: CriteriaSettings, criteria: Sequence[ModuleType]) -> None:
+    """Every look the run will make, made a few times now on a made-up minute (rising
+    memory and server metrics, frames), through a throwaway EarlyStop's live series:
+    every module, cache and first-use allocation a look needs (scipy's tests and
+    distributions, the criteria's models) lands before the warm-up ends, not as a step in
+    the RSS the memory criteria judge."""
+    live = Live(planned_s=120.0, fps=10.0, streams=1)
+    live.samples = LiveTable(("t", *_SAMPLE_COLUMNS), rows=1024)
+    live.server = LiveTable(("t", *_SERVER_COLUMNS), rows=1024, floor=False)
+    live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
+    quick = crit.model_copy(update={"floor_window_s": 1.0, "min_frames": 1})
+    watch = EarlyStop(live, quick, criteria, event=lambda e: None, stop=lambda r: None)
+    watch.on_event(Event("warmup_end", 0.0, 0.0))
+    for i in range(600):
+        t = i / 10
+        watch.on_frame(FrameRecord(i, t, t, t, t, 0.0, 0.1, infer_ms=10.0 + i % 3,
+                                   total_ms=11.0, frame_age_ms=1.0 + t))  # fmt: skip
+        if i % 2 == 0:
+            values: dict[str, float | int | None] = {c: 1e8 + 1e6 * t for c in _SAMPLE_COLUMNS}
+            server = tuple(ServerMetric(i, t, c, "", t) for c in _SERVER_COLUMNS)
+            watch.on_sample(Sample(i, t, 0.0, 0.0, 0.0, values, server=server))
+        if i % 100 == 99:  # every criterion asked, whatever an earlier one found
+            live.now = t
+            for module in criteria:
+                module.early_fail(live, quick)
 
 
 def early_criteria(stop_on_fail: bool) -> list[ModuleType]:
@@ -211,10 +226,10 @@ def watch_early_stop(
     asked = early_criteria(run.stop_on_fail)
     if not run.stop_on_fail and not any(t.abort_on_fail for t in crit.thresholds):
         return []
-    # the memory looks test trends with scipy: imported and run once now, before the
-    # warm-up, so what it loads (~60 MB, some of it on first use) lands there and not in
-    # the measured RSS as a step mid-run
-    _warm_up_the_looks()
+    # the looks test trends with scipy: every look made once now, before the warm-up, so
+    # what it loads (~60 MB, some of it on first use) lands there and not in the measured
+    # RSS as a step mid-run
+    _rehearse(crit, asked)
     live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams)
     # the live telemetry, allocated and written now (before the warm-up), never grown
     live.samples = LiveTable(("t", *_SAMPLE_COLUMNS))
