@@ -194,6 +194,10 @@ class Event:
     data: dict[str, Any] | None = None
 
 
+#: the event a run stores when an observer raised and was dropped (its data: ``observer``,
+#: ``hook``, ``error`` and ``decides``: the early decision its loss switched off, or None)
+OBSERVER_FAILED_EVENT = "observer_failed"
+
 #: the event a ``run.duration = "auto"`` run stores at each look: where every criterion
 #: stands (its data: ``{"criteria": [[criterion, state, detectable, tolerance, unit, why],
 #: ...]}``)

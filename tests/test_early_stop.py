@@ -17,10 +17,10 @@ import pytest
 from soakd.analysis import judge
 from soakd.analysis.criteria import frame_age as frame_age_criterion
 from soakd.analysis.criteria import memory as memory_criterion
-from soakd.analysis.criteria.base import Live
+from soakd.analysis.criteria.base import Live, LiveTable, look_alpha, spent
 from soakd.analysis.data import make_run_data
 from soakd.analysis.model import RunMeta
-from soakd.analysis.stats import look_alpha, obrien_fleming_spent, trend
+from soakd.analysis.stats import trend
 from soakd.config import CriteriaSettings, Settings
 from soakd.observers.base import Progress
 from soakd.records import Event
@@ -131,15 +131,17 @@ def test_an_early_stop_the_whole_run_does_not_confirm_is_invalid_never_pass() ->
 
 
 def test_the_looks_never_spend_more_than_alpha_however_many_there_are() -> None:
-    """O'Brien–Fleming spending: nothing at the start, alpha at the planned end, and the
-    looks' alphas (each the spending between two looks) add up to what was spent: a run
-    looked at 1000 times still risks a false early FAIL of at most alpha."""
-    assert obrien_fleming_spent(0.01, 0.0) == 0.0
-    assert obrien_fleming_spent(0.01, 1.0) == pytest.approx(0.01)
-    assert obrien_fleming_spent(0.01, 0.5) < 0.001  # an early look spends almost nothing
+    """The spending function: nothing at the start, alpha at the planned end, rising all
+    the way, and the looks' alphas (each the spending between two looks) add up to what
+    was spent: a run looked at 1000 times still risks a false early FAIL of at most
+    alpha."""
+    assert spent(0.01, 0.0) == 0.0
+    assert spent(0.01, 1.0) == pytest.approx(0.01)
+    fractions = np.linspace(0.0, 1.0, 101)
+    assert (np.diff([spent(0.01, f) for f in fractions]) > 0).all()
     looks = [i / 1000 for i in range(1001)]
-    spent = sum(look_alpha(0.01, b, a) for a, b in itertools.pairwise(looks))
-    assert spent == pytest.approx(0.01)
+    total = sum(look_alpha(0.01, b, a) for a, b in itertools.pairwise(looks))
+    assert total == pytest.approx(0.01)
 
 
 def test_plain_settings_default_to_running_the_whole_length(tmp_path: Path) -> None:
@@ -154,16 +156,21 @@ def _leak_live(now: float, planned_s: float = 100.0) -> Live:
     ``now``, in a run planned for ``planned_s``."""
     t = np.arange(0.0, now, 0.1)
     live = Live(planned_s=planned_s, fps=10.0, streams=1, now=now, t0=0.0)
-    live.samples = {"t": list(t), "rss_bytes": list(100e6 + 1e6 * t)}
+    live.samples = LiveTable(("t", "rss_bytes"))
+    for ti in t:
+        live.samples.append((ti, 100e6 + 1e6 * ti))
     return live
 
 
 def test_a_look_early_in_the_run_spends_only_its_share_of_alpha() -> None:
-    """A leak plain on 10 floor windows (significant at alpha = 0.01) does not stop a
-    100 s run at 10 s, where O'Brien–Fleming has spent next to nothing; the same leak over
-    95 s does, named memory_rss."""
+    """A leak plain on 7 floor windows (significant at alpha = 0.01) does not stop a
+    1000 s run at 7 s, where the spending function has spent 1.2e-4; the same leak over
+    95 s of a 100 s run does, named memory_rss."""
     crit = CriteriaSettings(floor_window_s=1.0, max_memory_growth_mb_per_min=5)
-    assert memory_criterion.early_fail(_leak_live(10.0), crit) is None
+    early = _leak_live(7.0, planned_s=1000.0)
+    t, y = early.samples_now()["t"], early.samples_now()["rss_bytes"]
+    assert trend(t[::10], y[::10], 0.01).p < 0.01  # a fixed alpha would stop
+    assert memory_criterion.early_fail(early, crit) is None
     late = memory_criterion.early_fail(_leak_live(95.0), crit)
     assert late is not None and late.criterion == "memory_rss", late
 
@@ -189,11 +196,11 @@ def test_live_frame_age_keeps_one_median_per_closed_window() -> None:
 
 
 def test_a_creeping_frame_age_stops_the_run_only_at_a_look_with_enough_alpha() -> None:
-    """Age rising 120 ms/min, plain on 14 windows (significant at alpha = 0.01): not at 15 s
-    of a 100 s run (O'Brien–Fleming has spent next to nothing), but at 50 s, named
+    """Age rising 120 ms/min, plain on 8 windows (significant at alpha = 0.01): not at 9 s
+    of a 100 s run (the spending function has spent 1.4e-3 by then), but at 50 s, named
     frame_age; a flat age never, nor a rise under max_age_slope_ms_per_min."""
     crit = CriteriaSettings()
-    early = _age_live(15.0, 2.0)
+    early = _age_live(9.0, 2.0)
     tr = trend(np.asarray(early.age_t), np.asarray(early.age_ms), crit.alpha)
     assert tr.rising(crit.alpha, crit.max_age_slope_ms_per_min / 60)  # a fixed alpha stops
     assert frame_age_criterion.early_fail(early, crit) is None

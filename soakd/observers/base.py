@@ -2,7 +2,10 @@
 run without the runner knowing about any of them.
 
 The runner calls every hook from its own threads; a hook must be quick and must not raise
-(an observer that raises is logged once and dropped, the run goes on). Frame records come
+(an observer that raises is logged once and dropped, the run goes on, and the runner, told
+through ``Observers(failed=...)``, stores an ``observer_failed`` event the verdict warns of;
+an observer that ``decides`` early, such as the early stop, names what its loss switched
+off). Frame records come
 in batches (``on_frames``: by default ``on_frame`` for each, at most 50 ms or 256 frames
 after the frame finished); ``on_frame`` and ``on_sample`` are on the hot path: keep them
 allocation-light.
@@ -10,7 +13,8 @@ allocation-light.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,7 +78,11 @@ class RunResult:
 
 
 class Observer:
-    """Base class with no-op hooks; override what you need."""
+    """Base class with no-op hooks; override what you need. ``decides``: the setting an
+    observer carries out that can end the run early ("run.stop_on_fail"), None for one that
+    only follows it: losing it makes that early decision impossible."""
+
+    decides: str | None = None
 
     def on_phase(self, name: str) -> None: ...  # before the run starts: what it is doing
     def on_run_start(self, info: RunInfo) -> None: ...
@@ -95,24 +103,47 @@ class Observer:
     def close(self) -> None: ...
 
 
-class Observers(Observer):
-    """Fans hooks out to observers; one that raises is logged once and dropped."""
+#: what ``Observers`` tells of an observer that raised: the observer, the hook, the error
+Failed = Callable[[Observer, str, BaseException], None]
 
-    def __init__(self, observers: Iterable[Observer]) -> None:
+
+class Observers(Observer):
+    """Fans hooks out to observers; one that raises is logged once, dropped and handed to
+    ``failed`` (the runner stores it as a run event), once, whichever thread saw it."""
+
+    def __init__(self, observers: Iterable[Observer], failed: Failed | None = None) -> None:
         self._obs: list[Observer] = list(observers)
+        self._failed = failed
+        self._lock = threading.Lock()
+
+    @property
+    def observers(self) -> list[Observer]:
+        """The observers still called."""
+        return list(self._obs)
 
     def _call(self, name: str, *args: Any) -> None:
         for o in list(self._obs):
             try:
                 getattr(o, name)(*args)
             except Exception as exc:
-                log.warning(
-                    "observer failed; dropped",
-                    observer=type(o).__name__,
-                    hook=name,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                self._obs.remove(o)
+                self._drop(o, name, exc)
+
+    def _drop(self, o: Observer, hook: str, exc: BaseException) -> None:
+        with self._lock:
+            if o not in self._obs:  # another thread dropped it first
+                return
+            self._obs.remove(o)
+        log.warning(
+            "observer failed; dropped",
+            observer=type(o).__name__,
+            hook=hook,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        if self._failed is not None:
+            try:
+                self._failed(o, hook, exc)
+            except Exception as err:  # telling of a failure never fails the run
+                log.error("observer failure not recorded", error=f"{type(err).__name__}: {err}")
 
     def on_phase(self, name: str) -> None:
         self._call("on_phase", name)

@@ -52,6 +52,8 @@ class AutoDuration(Observer):
     (``stop()``). One worker thread, started with the run, does every look: what it
     allocates is allocated in the warm-up, not as a step in the measured RSS."""
 
+    decides = 'run.duration = "auto"'
+
     def __init__(
         self,
         crit: CriteriaSettings,

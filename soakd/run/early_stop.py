@@ -7,8 +7,8 @@ stale frames, OOMs and the telemetry since the end of the warm-up; the values of
 snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default false for
 ``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
 ``max_drop_fraction`` of every tick the planned run can have, a memory floor or the frame
-age (its window medians, ``Live.add_age``) rising significantly at the alpha an
-O'Brien–Fleming spending function gives this look. The
+age (its window medians, ``Live.add_age``) rising significantly at the alpha a
+Pocock-type spending function gives this look (``criteria.base.look_alpha``). The
 ``abort_on_fail`` thresholds are asked always. The first that fails stores an
 ``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
 criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
@@ -19,23 +19,31 @@ from __future__ import annotations
 
 import math
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from soakd.analysis import stats
-from soakd.analysis.criteria.base import EARLY_STOP_EVENT, EarlyFail, Live
+from soakd.analysis.criteria.base import (
+    EARLY_STOP_EVENT,
+    EarlyFail,
+    Live,
+    LiveHistogram,
+    LiveTable,
+    LiveValues,
+)
 from soakd.analysis.model import GENERATOR_SHAPES, MEMORY_METRICS
+from soakd.analysis.server import SERVER_MEMORY_METRICS
 from soakd.analysis.verdict import CRITERIA
-from soakd.config import CriteriaSettings, Settings
+from soakd.config import SERVER_KV_METRICS, SERVER_WAITING_METRICS, CriteriaSettings, Settings
 from soakd.observers.base import Observer, Progress, RunInfo
-from soakd.records import Event, FrameRecord, Sample
+from soakd.records import Event, FrameRecord, Sample, ServerMetric
 
-#: the telemetry columns the running criteria read
-_SAMPLE_COLUMNS = tuple(col for _, col, _ in MEMORY_METRICS)
+#: the telemetry columns the running criteria read: soakd's memory and a served model's
+_SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_METRICS))
+#: the stage times jitter judges (infer, or a session's output latency when untimed)
+_JITTER_COLUMNS = ("infer_ms", "output_latency_ms")
+#: a served model's queue metrics (summed over their label sets at each tick)
+_SERVER_COLUMNS = (*SERVER_WAITING_METRICS, *SERVER_KV_METRICS)
 
 
 class EarlyStop(Observer):
@@ -60,6 +68,12 @@ class EarlyStop(Observer):
         self._last: dict[int, tuple[int, int]] = {}
         self._ooms_at: float | None = None  # the torch OOM counter's first reading
         self.fired: EarlyFail | None = None
+        #: what losing this observer switches off (``Observer.decides``)
+        self.decides = (
+            "run.stop_on_fail"
+            if any(not m.__name__.endswith(".thresholds") for m in self.criteria)
+            else "the abort_on_fail thresholds"
+        )
 
     def on_run_start(self, info: RunInfo) -> None:
         self.live.generates = info.shape in GENERATOR_SHAPES
@@ -80,6 +94,11 @@ class EarlyStop(Observer):
         live.errors += rec.error is not None
         if not rec.skipped and rec.frame_age_ms is not None and rec.t_dispatch is not None:
             live.add_age(rec.t_dispatch, rec.frame_age_ms)
+        if not rec.skipped and rec.error is None:
+            for col in _JITTER_COLUMNS:
+                v = getattr(rec, col)
+                if v is not None:
+                    live.stage_ms[col].add(v)
         if not rec.skipped:
             for col in self._frame_columns:
                 v = getattr(rec, col, None)
@@ -91,10 +110,11 @@ class EarlyStop(Observer):
         live = self.live
         if live.t0 is None or sample.t < live.t0:
             return
-        _series(live.samples, "t").append(sample.t)
-        for col in _SAMPLE_COLUMNS:
-            v = sample.values.get(col)
-            _series(live.samples, col).append(math.nan if v is None else float(v))
+        if live.samples is not None:
+            values = sample.values
+            live.samples.append([sample.t, *(_num(values.get(c)) for c in _SAMPLE_COLUMNS)])
+        if live.server is not None and sample.server:
+            live.server.append([sample.t, *_summed(sample.server)])
         for col in self._sample_columns:
             v = sample.values.get(col)
             if v is not None:
@@ -137,20 +157,54 @@ class EarlyStop(Observer):
                 return
 
 
-def _series(table: dict[str, Any], key: str) -> array[float]:
-    """``table[key]``, a new array of doubles when there is none."""
+def _series(table: dict[str, LiveValues], key: str) -> LiveValues:
+    """``table[key]``, a new column when there is none."""
     got = table.get(key)
     if got is None:
-        got = table[key] = array("d")
-    return got  # type: ignore[no-any-return]
+        got = table[key] = LiveValues()
+    return got
 
 
-def _warm_up_the_looks() -> None:
-    """One trend test and one spending-function value on made-up data: every module and
-    cache a memory look uses is loaded before the run measures anything."""
-    x = np.arange(32, dtype=np.float64)
-    stats.trend(x, x + np.sin(x), 0.01)
-    stats.look_alpha(0.01, 0.5, 0.25)
+def _num(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _summed(metrics: Sequence[ServerMetric]) -> list[float]:
+    """Each queue metric's value at this tick, summed over its label sets (NaN if none),
+    as ``store.server_metrics.load_server_metrics`` sums them for the verdict."""
+    got = dict.fromkeys(_SERVER_COLUMNS, math.nan)
+    for m in metrics:
+        if m.name in got and math.isfinite(m.value):
+            prev = got[m.name]
+            got[m.name] = m.value if math.isnan(prev) else prev + m.value
+    return list(got.values())
+
+
+def _rehearse(crit: CriteriaSettings, criteria: Sequence[ModuleType]) -> None:
+    """Every look the run will make, made a few times now on a made-up minute (rising
+    memory and server metrics, frames), through a throwaway EarlyStop's live series:
+    every module, cache and first-use allocation a look needs (scipy's tests and
+    distributions, the criteria's models) lands before the warm-up ends, not as a step in
+    the RSS the memory criteria judge."""
+    live = Live(planned_s=120.0, fps=10.0, streams=1)
+    live.samples = LiveTable(("t", *_SAMPLE_COLUMNS), rows=1024)
+    live.server = LiveTable(("t", *_SERVER_COLUMNS), rows=1024, floor=False)
+    live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
+    quick = crit.model_copy(update={"floor_window_s": 1.0, "min_frames": 1})
+    watch = EarlyStop(live, quick, criteria, event=lambda e: None, stop=lambda r: None)
+    watch.on_event(Event("warmup_end", 0.0, 0.0))
+    for i in range(600):
+        t = i / 10
+        watch.on_frame(FrameRecord(i, t, t, t, t, 0.0, 0.1, infer_ms=10.0 + i % 3,
+                                   total_ms=11.0, frame_age_ms=1.0 + t))  # fmt: skip
+        if i % 2 == 0:
+            values: dict[str, float | int | None] = {c: 1e8 + 1e6 * t for c in _SAMPLE_COLUMNS}
+            server = tuple(ServerMetric(i, t, c, "", t) for c in _SERVER_COLUMNS)
+            watch.on_sample(Sample(i, t, 0.0, 0.0, 0.0, values, server=server))
+        if i % 100 == 99:  # every criterion asked, whatever an earlier one found
+            live.now = t
+            for module in criteria:
+                module.early_fail(live, quick)
 
 
 def early_criteria(stop_on_fail: bool) -> list[ModuleType]:
@@ -172,9 +226,13 @@ def watch_early_stop(
     asked = early_criteria(run.stop_on_fail)
     if not run.stop_on_fail and not any(t.abort_on_fail for t in crit.thresholds):
         return []
-    # the memory looks test trends with scipy: imported and run once now, before the
-    # warm-up, so what it loads (~60 MB, some of it on first use) lands there and not in
-    # the measured RSS as a step mid-run
-    _warm_up_the_looks()
+    # the looks test trends with scipy: every look made once now, before the warm-up, so
+    # what it loads (~60 MB, some of it on first use) lands there and not in the measured
+    # RSS as a step mid-run
+    _rehearse(crit, asked)
     live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams)
+    # the live telemetry, allocated and written now (before the warm-up), never grown
+    live.samples = LiveTable(("t", *_SAMPLE_COLUMNS))
+    live.server = LiveTable(("t", *_SERVER_COLUMNS), floor=False)
+    live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
     return [EarlyStop(live, crit, asked, event=event, stop=stop)]

@@ -29,7 +29,15 @@ from soakd.environment import GpuUnavailable
 from soakd.environment import collect as collect_environment
 from soakd.errors import SoakdError, UsageError
 from soakd.observers.base import Observer, Observers, Progress, RunInfo, RunResult
-from soakd.records import STAGES, ChunkStage, Emission, Event, FrameRecord, Sample
+from soakd.records import (
+    OBSERVER_FAILED_EVENT,
+    STAGES,
+    ChunkStage,
+    Emission,
+    Event,
+    FrameRecord,
+    Sample,
+)
 from soakd.run.auto_duration import watch_auto_duration
 from soakd.run.drivers import Counters, DriverContext, get_driver
 from soakd.run.drivers.concurrent import counters_for
@@ -169,7 +177,8 @@ class Run:
                 *observers,
                 *watch_early_stop(settings, self._event, self.request_stop),
                 *watch_auto_duration(settings, self._event, self.request_stop),
-            ]
+            ],
+            failed=self._observer_failed,
         )
         self.mode = mode
         self.max_frames = max_frames
@@ -192,6 +201,7 @@ class Run:
         self._writer_started = False
         self._at_stop: tuple[int | None, float] = (None, settings.run.stall_timeout_s)
         self._in_flight_at_stop: set[int] = set()  # the streams with a frame in flight
+        self._early_events: list[Event] = []  # observer failures before the store opened
         self.t0_ns = 0
         self.log = log.bind(run_id=self.run_id)
 
@@ -221,6 +231,24 @@ class Run:
         self.obs.on_event(ev)
         if ev.kind in _WARN_EVENTS:
             self.log.warning(ev.kind, message=ev.message, frame=ev.frame_id)
+
+    def _observer_failed(self, o: Observer, hook: str, exc: BaseException) -> None:
+        """An observer raised and was dropped (``Observers``): an ``observer_failed`` event
+        (kept until the store opens when it came before), and, for one that ``decides``
+        early, an error line: that early decision is off for the rest of the run."""
+        name, error = type(o).__name__, f"{type(exc).__name__}: {exc}"[:300]
+        if o.decides:
+            msg = f"{name} failed in {hook} ({error}): {o.decides} can no longer end this run"
+            self.log.error("early decisions are off", observer=name, decides=o.decides)
+        else:
+            msg = f"{name} failed in {hook} ({error}); dropped for the rest of the run"
+        data = {"observer": name, "hook": hook, "error": error, "decides": o.decides}
+        t = (self.clock.now_ns() - self.t0_ns) / 1e9 if self.t0_ns else 0.0
+        ev = Event(OBSERVER_FAILED_EVENT, t, self.clock.wall(), msg, data=data)
+        if self._writer_started:
+            self.writer.put(ev)
+        else:
+            self._early_events.append(ev)
 
     def _now_event(self, kind: str, message: str) -> Event:
         return Event(kind, (self.clock.now_ns() - self.t0_ns) / 1e9, self.clock.wall(), message)
@@ -339,6 +367,8 @@ class Run:
         self.writer.start()
         self._frames = FrameSink(self._deliver_frames, self.t0_ns)
         self._writer_started = True
+        for ev in self._early_events:
+            self.writer.put(ev)
         built = self._build_stack(sources, audios, workload)
         self._announce(env, workload.shape)
         self.obs.on_phase("warm-up" if self.settings.run.warmup_s > 0 else "first frame")

@@ -17,8 +17,10 @@ import functools
 import itertools
 import json
 import operator
+import pickle
 import queue
 import sqlite3
+import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -66,6 +68,11 @@ DRAIN_CHUNK = 256
 # rows a writer keeps while another connection holds the lock (measured 0.35-0.41 KB each
 # in memory: about 400 MB at the bound)
 MAX_PENDING = 1_000_000
+# rows a writer keeps in memory while it waits for the lock; past this they move to a spill
+# file on disk (``_Spill``) and come back at the flush: what waits for the lock costs
+# soakd's RSS, which memory_rss judges as the model's, at most ~0.3 MB (a 15-20 s lock
+# grew it 1.7-1.95 MB/min over 90 s when every row waited in memory, issue 31)
+SPILL_ROWS = 768
 
 _log = structlog.get_logger("soakd.store")
 
@@ -470,6 +477,51 @@ class _Pending:
         self.n = 0
 
 
+class _Spill:
+    """Pending rows moved to disk while the database is locked: pickled chunks of value rows
+    in an anonymous temporary file (gone when closed), read back in order by every flush
+    attempt until one commits them. Nothing is dropped: the disk holds what memory would."""
+
+    _TYPES = tuple(_VALUES)
+
+    def __init__(self) -> None:
+        self._file: Any = None
+        self.n = 0  # rows on disk
+        self.chunks = 0
+
+    def add(self, pending: _Pending) -> None:
+        """Move every pending row to the file (``pending`` is left empty)."""
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(prefix="soakd-spill-")  # noqa: SIM115 (closed by close())
+        chunk = [(self._TYPES.index(t), list(rows)) for t, rows in pending.rows.items() if rows]
+        self._file.seek(0, 2)
+        pickle.dump(chunk, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.n += pending.n
+        self.chunks += 1
+        pending.clear()
+
+    def read(self) -> Iterator[tuple[type, list[tuple[Any, ...]]]]:
+        """Every spilled (record type, rows), in the order they were spilled."""
+        if not self.chunks:
+            return
+        self._file.flush()
+        self._file.seek(0)
+        for _ in range(self.chunks):
+            for i, rows in pickle.load(self._file):
+                yield self._TYPES[i], rows
+
+    def clear(self) -> None:
+        if self._file is not None:
+            self._file.seek(0)
+            self._file.truncate()
+        self.n = self.chunks = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 #: each record type's run time (seconds since the run's start), for ``StoreWriter._track_time``
 _RUN_TIME: dict[type, Callable[[Any], float | None]] = {
     FrameRecord: operator.attrgetter("t_capture"),
@@ -505,8 +557,10 @@ class StoreWriter:
 
     When another connection holds the database's write lock for longer than the busy
     timeout (a reader's ``BEGIN EXCLUSIVE``, a long ``sqlite-utils`` write), the rows are
-    kept (at most ``max_pending``; beyond that the oldest samples go first, counted) and the
-    flush retried with backoff until the lock clears; then a ``store_locked`` event (and a
+    kept (past ``spill_rows`` in a spill file on disk, so that soakd's RSS does not grow
+    with the lock; at most ``max_pending`` in memory should the disk refuse them, beyond
+    that the oldest samples go first, counted) and the flush retried with backoff until the
+    lock clears; then a ``store_locked`` event (and a
     ``store_overflow`` event if rows were dropped) is written. Only a genuine error (disk
     full, read-only, corrupt) ends the writer: ``error`` is then set with its message."""
 
@@ -522,6 +576,7 @@ class StoreWriter:
         busy_timeout_s: float | None = None,
         max_pending: int = MAX_PENDING,
         max_backoff_s: float = 2.0,
+        spill_rows: int = SPILL_ROWS,
     ) -> None:
         self.path = Path(path)
         self.run_id = run_id
@@ -531,6 +586,10 @@ class StoreWriter:
         self.max_backoff_s = max_backoff_s
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = _Pending(max_pending)
+        self._spill = _Spill()
+        self._spill_ok = True  # until the disk refuses a chunk
+        self.spill_rows = spill_rows
+        self.spilled = 0  # rows that went through the spill file
         self._thread = threading.Thread(target=self._loop, name="soakd-store", daemon=True)
         self._abandon = threading.Event()
         self._wake = threading.Event()  # set by close(): the sentinel is queued
@@ -568,7 +627,7 @@ class StoreWriter:
             if self.error is None:
                 self.error = StoreError(
                     f"{self.path}: the run database was still locked by another connection"
-                    f" {timeout:g} s after the run ended; {self._pending.n} rows not written"
+                    f" {timeout:g} s after the run ended; {self.waiting} rows not written"
                 )
 
     def _loop(self) -> None:
@@ -581,6 +640,7 @@ class StoreWriter:
         finally:
             if conn is not None:
                 conn.close()
+            self._spill.close()
 
     def _run(self, conn: sqlite3.Connection) -> None:
         deadline = time.monotonic() + self.flush_interval_s
@@ -588,16 +648,18 @@ class StoreWriter:
         while True:
             if not stopping:
                 stopping = self._collect(deadline)
+                self._spill_if_waiting()
             elif self._locked_since is not None:
                 self._abandon.wait(max(0.0, deadline - time.monotonic()))
             now = time.monotonic()
-            due = stopping or now >= deadline or self._pending.n >= self.max_batch
-            if self._pending.n and due and (self._locked_since is None or now >= deadline):
+            waiting = self.waiting
+            due = stopping or now >= deadline or waiting >= self.max_batch
+            if waiting and due and (self._locked_since is None or now >= deadline):
                 self._attempt(conn)
                 now = time.monotonic()
                 if self._locked_since is not None:
                     deadline = now + self._backoff
-            if stopping and (not self._pending.n or self._abandon.is_set()):
+            if stopping and (not self.waiting or self._abandon.is_set()):
                 return
             if now >= deadline:
                 deadline = now + self.flush_interval_s
@@ -635,6 +697,27 @@ class StoreWriter:
             if self._pending.n >= self.max_batch and self._locked_since is None:
                 return False
         return False
+
+    @property
+    def waiting(self) -> int:
+        """Rows not yet committed: pending in memory and spilled to disk."""
+        return self._pending.n + self._spill.n
+
+    def _spill_if_waiting(self) -> None:
+        """While the lock is held, move the pending rows to disk once there are
+        ``spill_rows``; a disk that refuses them keeps them in memory from then on."""
+        if self._locked_since is None or not self._spill_ok:
+            return
+        if self._pending.n < self.spill_rows:
+            return
+        n = self._pending.n
+        try:
+            self._spill.add(self._pending)
+        except OSError as exc:
+            _log.warning("cannot spill rows to disk; keeping them in memory", error=str(exc))
+            self._spill_ok = False
+            return
+        self.spilled += n
 
     def _track_time(self, t: float | None) -> None:
         """Keep the newest run time seen (the time of a ``store_locked`` event)."""
@@ -697,9 +780,12 @@ class StoreWriter:
     def _flush(self, conn: sqlite3.Connection) -> None:
         # atomic keeps the real error when SQLite already rolled back (SQLITE_FULL does)
         with atomic(conn):
+            for kind, spilled in self._spill.read():
+                insert_rows(conn, kind, self.run_id, spilled)
             for t, rows in self._pending.rows.items():
                 if rows:
                     insert_rows(conn, t, self.run_id, rows)
-        self.rows_written += self._pending.n
+        self.rows_written += self.waiting
         self.flushes += 1
         self._pending.clear()
+        self._spill.clear()

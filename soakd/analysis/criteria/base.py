@@ -12,6 +12,8 @@ too short to test passes only when its windows' range bounds it, and is INVALID 
 from __future__ import annotations
 
 import math
+import threading
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,26 @@ EARLY_STOP_EVENT = "early_stop"
 DECIDED_EVENT = "decided"
 
 
+def spent(alpha: float, fraction: float) -> float:
+    """The alpha the early looks have spent by ``fraction`` of the planned measured run: a
+    Pocock-type spending function (Lan & DeMets 1983), alpha x ln(1 + (e - 1) t), 0 at the
+    start and ``alpha`` at the planned end. It spends early, where O'Brien–Fleming's spent
+    next to nothing (by 5 minutes of a 1-hour plan: 0.13 alpha here, 1e-19 alpha there), so
+    a run of the default ``max_duration = 1h`` stops a leak of a few MB/min within minutes;
+    the looks' false FAIL rate, measured through the looks themselves, is in
+    docs/verdict.md (bench/early_alpha.py)."""
+    t = min(max(fraction, 0.0), 1.0)
+    return alpha * math.log1p((math.e - 1.0) * t)
+
+
+def look_alpha(alpha: float, fraction: float, previous: float) -> float:
+    """The nominal alpha of a look at ``fraction`` after one at ``previous``: what the
+    spending function spends between them. Testing each look at its increment keeps the
+    chance of any false early stop under ``alpha`` (a union bound over the looks, however
+    many)."""
+    return max(spent(alpha, fraction) - spent(alpha, previous), 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class EarlyFail:
     """A criterion that can no longer pass, found while the run goes: its id (as in the
@@ -47,6 +69,108 @@ class EarlyFail:
     criterion: str
     reason: str
     by: str = "stop_on_fail"  # the setting that asked: run.stop_on_fail or abort_on_fail
+
+
+#: rows a live telemetry table holds (``LiveTable``): at the default 150 ms sampling, 41
+#: minutes at full resolution; past that pairs of rows merge (300 ms a row, then 600 ms...)
+LIVE_ROWS = 16384
+
+
+class LiveTable:
+    """Columns of doubles that one thread appends rows to while another reads them (the
+    sampler and the early-stop look): appended and copied under one lock, so a look reads
+    whole rows and never holds a view of a buffer that grows (a numpy view of a growing
+    ``array`` made the sampler's append raise ``BufferError``). Allocated and written once
+    up front (``rows`` x columns doubles: 1 MB for 8 columns), it never grows: when full,
+    each pair of rows merges into one, the first's ``columns[0]`` (the time) and, with
+    ``floor``, each other column's lower value, so a window's floor (what the memory
+    criteria judge) survives; without, the first row whole (every other row: a window's
+    median stays unbiased)."""
+
+    def __init__(self, columns: Sequence[str], rows: int = LIVE_ROWS, floor: bool = True) -> None:
+        self.columns, self.floor = tuple(columns), floor
+        self._buf = np.full((max(rows, 2), len(self.columns)), np.nan)
+        self._n = 0
+        self._lock = threading.Lock()
+        self.appended = 0  # rows appended in all
+        self.merges = 0  # how many times the rows were halved
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, row: Sequence[float]) -> None:
+        """One row, a value for each column in order (NaN for a missing one)."""
+        with self._lock:
+            if self._n == len(self._buf):
+                self._halve()
+            self._buf[self._n] = row
+            self._n += 1
+            self.appended += 1
+
+    def _halve(self) -> None:
+        b, n = self._buf, self._n - self._n % 2
+        half = n // 2
+        merged = np.fmin(b[0:n:2], b[1:n:2]) if self.floor else b[0:n:2].copy()
+        merged[:, 0] = b[0:n:2, 0]
+        odd = b[n].copy() if n < self._n else None
+        b[:half] = merged
+        if odd is not None:
+            b[half] = odd
+        self._n = half + (odd is not None)
+        b[self._n :] = np.nan
+        self.merges += 1
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """A copy of every column so far (the caller's own: appends go on meanwhile)."""
+        with self._lock:
+            rows = self._buf[: self._n].copy()
+        return {c: rows[:, i] for i, c in enumerate(self.columns)}
+
+
+class LiveValues:
+    """One growing column of doubles (an ``abort_on_fail`` threshold's values, which a
+    percentile or a count needs whole), appended to by one thread and copied by another
+    under a lock: a copy is never a view of the buffer that grows."""
+
+    def __init__(self) -> None:
+        self._values = array("d")
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def append(self, v: float) -> None:
+        with self._lock:
+            self._values.append(v)
+
+    def snapshot(self) -> np.ndarray:
+        with self._lock:
+            return np.array(self._values, dtype=np.float64)
+
+
+class LiveHistogram:
+    """Counts of values in log-spaced bins (1 % wide, 1 us to 1000 s): the stage times a
+    running jitter look reads (its median's confidence bound, how many frames lie above a
+    level) in a fixed 17 KB, appended to by the driver and read by the look under a lock."""
+
+    LO, RATIO, BINS = 1e-3, 1.01, 2084
+    #: each bin's lower edge, and the last one's upper (bin i holds [EDGES[i], EDGES[i+1]))
+    EDGES = LO * RATIO ** np.arange(BINS + 1)
+
+    def __init__(self) -> None:
+        self._counts = np.zeros(self.BINS, dtype=np.int64)
+        self._lock = threading.Lock()
+        self.n = 0
+
+    def add(self, v: float) -> None:
+        i = int(math.log(v / self.LO) / math.log(self.RATIO)) if v > self.LO else 0
+        with self._lock:
+            self._counts[min(max(i, 0), self.BINS - 1)] += 1
+            self.n += 1
+
+    def snapshot(self) -> np.ndarray:
+        with self._lock:
+            return self._counts.copy()
 
 
 @dataclass(slots=True)
@@ -65,12 +189,16 @@ class Live:
     dropped: int = 0  # frames dropped from the queue since t0
     stale: int = 0  # frames skipped as stale since t0
     ooms: int = 0  # OOM events, and the rise of the torch allocator's OOM counter
-    #: post-warm-up telemetry: "t" and the columns the criteria read
-    #: (arrays of doubles, 8 bytes a value: a list of floats takes 32 and, over a ten-hour
-    #: run, would grow the RSS the memory criteria judge)
-    samples: dict[str, Sequence[float]] = field(default_factory=dict)
+    #: post-warm-up telemetry: "t" and the columns the criteria read (a ``LiveTable``,
+    #: appended to by the sampler, copied by a look; fixed in size); None until set
+    samples: LiveTable | None = None
+    #: a served model's queue metrics (``server.queue_series``' names), by the same rule
+    #: but merged by keeping every other row (their window medians are judged, not floors)
+    server: LiveTable | None = None
     #: post-warm-up values of the columns the abort_on_fail thresholds name
-    values: dict[str, Sequence[float]] = field(default_factory=dict)
+    values: dict[str, LiveValues] = field(default_factory=dict)
+    #: measured frames' infer times (and a session's output latency), as jitter judges them
+    stage_ms: dict[str, LiveHistogram] = field(default_factory=dict)
     rows: int = 0  # post-warm-up frame rows (dispatched or skipped)
     #: a criterion's previous look, as a fraction of the planned run (alpha spending)
     looked: dict[str, float] = field(default_factory=dict)
@@ -80,6 +208,7 @@ class Live:
     age_ms: list[float] = field(default_factory=list)
     _age_open: list[float] = field(default_factory=list)
     _age_index: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def lost(self) -> int:
@@ -101,31 +230,46 @@ class Live:
 
     def add_age(self, t: float, ms: float) -> None:
         """One measured frame's age, dispatched ``t`` s from the start: kept in the open
-        window, whose median is kept once a later frame falls past it."""
+        window, whose median is kept once a later frame falls past it (under the lock:
+        ``age_series`` reads both lists whole from another thread)."""
         if self.t0 is None:
             return
         w = self.age_window_s
         i = max(int((t - self.t0) / w), self._age_index)
-        if i != self._age_index and self._age_open:
-            self.age_t.append(self.t0 + (self._age_index + 0.5) * w)
-            self.age_ms.append(float(np.median(self._age_open)))
-            self._age_open.clear()
-        self._age_index = i
-        self._age_open.append(ms)
+        with self._lock:
+            if i != self._age_index and self._age_open:
+                self.age_t.append(self.t0 + (self._age_index + 0.5) * w)
+                self.age_ms.append(float(np.median(self._age_open)))
+                self._age_open.clear()
+            self._age_index = i
+            self._age_open.append(ms)
+
+    def age_series(self) -> tuple[np.ndarray, np.ndarray]:
+        """The closed frame-age windows' centres and medians, a copy of each, as long."""
+        with self._lock:
+            return np.array(self.age_t), np.array(self.age_ms)
+
+    def samples_now(self) -> dict[str, np.ndarray]:
+        """The telemetry so far, copied (``LiveTable.snapshot``); empty when none."""
+        return self.samples.snapshot() if self.samples is not None else {}
+
+    def values_now(self, column: str) -> np.ndarray:
+        """An abort_on_fail threshold's column so far, copied."""
+        got = self.values.get(column)
+        return got.snapshot() if got is not None else np.empty(0)
 
     def look(self, name: str, every_s: float, alpha: float) -> float | None:
         """A look of criterion ``name`` once ``every_s`` of the run have passed since its
-        last (recorded here): the alpha an O'Brien–Fleming spending function over the
-        planned run spends between the two (``stats.look_alpha``), so that the looks
-        together never spend more than ``alpha``. None when too soon, before the warm-up's
-        end or past the planned end."""
+        last (recorded here): the alpha the spending function (``spent``) spends between the
+        two, so that the looks together never spend more than ``alpha``. None when too soon,
+        before the warm-up's end or past the planned end."""
         if self.t0 is None or self.fraction >= 1.0:
             return None
         prev = self.looked.get(name, 0.0)
         if (self.fraction - prev) * (self.planned_s - self.t0) < every_s:
             return None
         self.looked[name] = self.fraction
-        return stats.look_alpha(alpha, self.fraction, prev)
+        return look_alpha(alpha, self.fraction, prev)
 
     def planned_ticks(self) -> float:
         """The most ticks the measured window can have (every stream's, one more each for

@@ -241,7 +241,7 @@ LOOK_EVERY_WINDOWS = 5
 
 def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     """Frame age rising significantly above ``max_age_slope_ms_per_min`` at this look's
-    share of alpha (O'Brien–Fleming over the planned run, ``stats.look_alpha``), tested as
+    share of alpha (spent over the planned run, ``criteria.base.look_alpha``), tested as
     the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
     backlog that keeps growing stops the run without waiting for its planned end. A
     generator's frames are judged on their output intervals, not on frame age: not asked."""
@@ -250,7 +250,7 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
     if alpha is None:
         return None
-    t, y = np.asarray(live.age_t), np.asarray(live.age_ms)
+    t, y = live.age_series()
     tol = crit.max_age_slope_ms_per_min
     tr = stats.trend(t, y, alpha)
     if call_trend(tr, t, y, alpha, tol / 60).how != "rising":

@@ -13,7 +13,13 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.chunks import judged_intervals
-from soakd.analysis.criteria.base import Context, generator_intervals
+from soakd.analysis.criteria.base import (
+    Context,
+    EarlyFail,
+    Live,
+    LiveHistogram,
+    generator_intervals,
+)
 from soakd.analysis.model import FAIL, PASS, CriterionResult, jitter_allowed
 from soakd.config import CriteriaSettings
 
@@ -201,3 +207,46 @@ def judge_jitter(ctx: Context, history: Sequence[float]) -> CriterionResult:
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return [judge_jitter(ctx, ctx.history)]
+
+
+#: seconds between two early looks at the stage times
+LOOK_EVERY_S = 10.0
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """More frames already over k x an upper confidence bound of the median (at this look's
+    share of alpha, ``criteria.base.look_alpha``) than the rule allows of every frame the
+    planned run can have: those frames stay over k x the final median unless the median
+    rises past its bound, so the count can only grow past the allowance. Asked of a
+    configured k (not ``"history"``) and the count rule's frames alone (not its recurrence
+    rule, nor a generator's intervals)."""
+    if live.generates or crit.jitter_k == "history" or not live.stage_ms:
+        return None
+    col = next((c for c, h in live.stage_ms.items() if h.n), None)
+    if col is None:
+        return None
+    alpha = live.look("jitter", LOOK_EVERY_S, crit.alpha)
+    if alpha is None:
+        return None
+    counts = live.stage_ms[col].snapshot()
+    n = int(counts.sum())
+    if n < crit.min_frames:
+        return None
+    # the median's upper bound: the order statistic u with P(Binomial(n, 1/2) < u) >= 1 -
+    # alpha, read as the upper edge of its bin (a bound only ever too high)
+    u = int(stats.scipy_stats().binom.ppf(1.0 - alpha, n, 0.5)) + 1
+    if u > n:
+        return None
+    edges = LiveHistogram.EDGES
+    ub = float(edges[int(np.searchsorted(np.cumsum(counts), u)) + 1])
+    k = float(crit.jitter_k)
+    over = int(counts[int(np.searchsorted(edges[:-1], k * ub, side="right")) :].sum())
+    allowed = jitter_allowed(crit, int(live.planned_ticks()))
+    if over <= allowed:
+        return None
+    stage = col.removesuffix("_ms")
+    return EarlyFail(
+        "jitter",
+        f"{over} frame(s) over {k:g} x the median's upper bound ({stage} {ub:.3g} ms, "
+        f"alpha {alpha:.2g}), more than the {allowed} the whole run allows",
+    )

@@ -259,19 +259,23 @@ LOOK_EVERY_WINDOWS = 5
 
 def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     """A memory floor rising significantly above the tolerance at this look's share of
-    alpha: an O'Brien–Fleming spending function over the planned run
-    (``stats.look_alpha``), so a run stopped early FAILs no more often than a full one, by
-    the same rule (``judge_memory_metric``) on the samples so far."""
+    alpha: a spending function over the planned run (``criteria.base.look_alpha``), so
+    that all the looks together risk a false early stop of at most alpha, by the same rule
+    (``judge_memory_metric``) on the samples so far: soakd's own (RSS, GPU, torch) and a
+    served model's server (``memory_server_rss``, ``memory_server_gpu``), each only when
+    sampled."""
     alpha = live.look("memory", LOOK_EVERY_WINDOWS * crit.floor_window_s, crit.alpha)
     if alpha is None or live.t0 is None:
         return None
-    samples = {k: np.asarray(v, dtype=np.float64) for k, v in live.samples.items()}
+    samples = live.samples_now()
+    if len(samples.get("t", ())) < 3:
+        return None
     data = make_run_data(RunMeta("live", fps=live.fps), samples=samples)
     none = np.zeros(0, dtype=bool)
     look = crit.model_copy(update={"alpha": alpha})
     ctx = Context(data, look, live.t0, live.now, none, none, {}, {})
     w, _note = floor_window_s(ctx.span, crit.floor_window_s)
-    for name, col, title in MEMORY_METRICS:
+    for name, col, title in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS):
         t, y = data.samples["t"], data.sample(col)
         ok = np.isfinite(y)
         if ok.sum() < 3:

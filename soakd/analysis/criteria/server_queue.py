@@ -7,8 +7,20 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import server, stats
-from soakd.analysis.criteria.base import Context, TrendCall, call_trend, trend_fields
-from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, floor_window_s
+from soakd.analysis.criteria.base import (
+    Context,
+    EarlyFail,
+    Live,
+    TrendCall,
+    call_trend,
+    trend_fields,
+)
+from soakd.analysis.data import make_run_data
+from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, RunMeta, floor_window_s
+from soakd.config import CriteriaSettings
+
+#: windows between two looks at the server's queue while a run goes (as memory's)
+LOOK_EVERY_WINDOWS = 5
 
 
 def judge_server_queue(ctx: Context) -> list[CriterionResult]:
@@ -67,3 +79,31 @@ def _queue_detail(ctx: Context, q: server.QueueSeries, call: TrendCall, tr: stat
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return judge_server_queue(ctx)
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """The server's queue (or KV-cache use) rising significantly above its tolerance at
+    this look's share of alpha (``criteria.base.look_alpha``), by the verdict's own rule
+    (``judge_server_queue``) on the metrics scraped so far; never for an in-process model
+    (no ``live.server`` rows)."""
+    if live.server is None or len(live.server) < 3:
+        return None
+    alpha = live.look(server.QUEUE, LOOK_EVERY_WINDOWS * crit.floor_window_s, crit.alpha)
+    if alpha is None or live.t0 is None:
+        return None
+    rows = live.server.snapshot()
+    t = rows.pop("t")
+    scraped = {k: (t[np.isfinite(y)], y[np.isfinite(y)]) for k, y in rows.items()}
+    data = make_run_data(
+        RunMeta("live", fps=live.fps, workload_kind="openai"),
+        samples={"t": t},
+        server={k: v for k, v in scraped.items() if v[0].size},
+    )
+    none = np.zeros(0, dtype=bool)
+    look = crit.model_copy(update={"alpha": alpha})
+    ctx = Context(data, look, live.t0, live.now, none, none, {}, {})
+    [res] = judge_server_queue(ctx)
+    if res.status != FAIL:
+        return None
+    at = f"alpha {alpha:.2g} at {live.fraction:.0%} of the run"
+    return EarlyFail(server.QUEUE, f"{res.detail}, significant at this look's {at}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from soakd.analysis.criteria.base import Context, EarlyFail, Live
 from soakd.analysis.model import CriterionResult
 from soakd.analysis.thresholds import (
@@ -37,7 +35,7 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
 def _so_far(live: Live, th: Threshold) -> tuple[float | None, float]:
     """The threshold's statistic on the data so far, and how many values it is over."""
     if th.source != "rate":
-        vals = np.asarray(live.values.get(th.column, ()), dtype=np.float64)
+        vals = live.values_now(th.column)
         return statistic(th, vals), float(vals.size)
     captured = float(live.rows + live.dropped)
     lost = {"drops": live.dropped, "stale": live.stale, "errors": live.errors}[th.column]

@@ -7,6 +7,7 @@ from typing import Any
 
 from soakd.analysis.criteria.base import DECIDED_EVENT, Context, finite
 from soakd.analysis.model import INVALID, PASS, CriterionResult, RunData, Verdict
+from soakd.records import OBSERVER_FAILED_EVENT
 
 
 def judge_run_validity(ctx: Context) -> CriterionResult:
@@ -56,7 +57,24 @@ def judge_run_validity(ctx: Context) -> CriterionResult:
         unit="s",
         detail=detail,
         evidence=ev,
+        warnings=observer_failures(d),
     )
+
+
+def observer_failures(d: RunData) -> list[str]:
+    """A warning for each ``observer_failed`` event: an observer that raised and was
+    dropped; one that decided early (the early stop, duration = "auto") says that no early
+    decision could come from then on."""
+    out = []
+    for e in d.events:
+        if e.get("kind") != OBSERVER_FAILED_EVENT:
+            continue
+        data, t = e.get("data") or {}, finite(e.get("t")) or 0.0
+        if data.get("decides"):
+            out.append(f"no early decision after {t:.0f} s: {e.get('message')}")
+        else:
+            out.append(f"an observer failed at {t:.0f} s: {e.get('message')}")
+    return out
 
 
 def _decided(d: RunData) -> tuple[float, dict[str, str]] | None:
