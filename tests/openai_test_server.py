@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -177,6 +178,47 @@ def build_parser() -> argparse.ArgumentParser:
         "streamed, after the role chunk and the first token; not streamed, before any byte",
     )
     f.add_argument(
+        "--echo-auth",
+        action="store_true",
+        help="--fail-every's error body echoes the request's Authorization header, and its "
+        "credential (a Basic one decoded) as is, in base64 and URL-encoded, as a careless "
+        "server or proxy does",
+    )
+    f.add_argument(
+        "--usage-only",
+        action="store_true",
+        help="streamed: every token's delta has empty content (tokens that decode to no "
+        "text); only the usage chunk counts them",
+    )
+    f.add_argument(
+        "--huge-usage",
+        action="store_true",
+        help="usage.completion_tokens is 10**23, streamed and not",
+    )
+    f.add_argument(
+        "--keepalive-ms",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="streamed: after the role chunk, an SSE comment every X ms and never a token: "
+        "a request that never ends though bytes keep coming",
+    )
+    f.add_argument(
+        "--cut-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every Nth streamed completion ends cleanly after its first token: no "
+        "finish_reason, no usage, no [DONE] (a stream cut short, not reset)",
+    )
+    f.add_argument(
+        "--odd-shapes",
+        action="store_true",
+        help="streamed: every completion's token chunk has a wrong shape, request k the "
+        "(k mod 4)th of: choices not a list, a choice not an object, delta a string, "
+        "content a list",
+    )
+    f.add_argument(
         "--die-after-requests",
         type=int,
         default=0,
@@ -246,6 +288,30 @@ def _count_prompt(messages: list[Any]) -> tuple[int, int]:
             elif kind not in ("input_audio", "video_url"):  # accepted, not counted
                 raise ValueError(f"messages[{i}].content[{j}]: unsupported part {kind!r}")
     return images, len(messages) + chars // 4 + images * IMAGE_TOKENS
+
+
+def _echo(authorization: str) -> str:
+    """What a careless server says back about the credential it was sent."""
+    scheme, _, cred = authorization.partition(" ")
+    if scheme.lower() == "basic":
+        cred = base64.b64decode(cred).decode("utf-8", "replace")
+    b64 = base64.b64encode(cred.encode()).decode()
+    return (
+        f"; you sent Authorization: {authorization}; credential {cred}, base64 {b64}, "
+        f"url-encoded {quote(cred, safe='')}"
+    )
+
+
+def _odd_chunk(k: int) -> bytes:
+    """A chunk event of a wrong shape (--odd-shapes), one of four by request number."""
+    delta = {"content": "tok "}
+    shapes: list[dict[str, Any]] = [
+        {"object": "chat.completion.chunk", "choices": {"0": {"delta": delta}}},
+        {"object": "chat.completion.chunk", "choices": ["tok "]},
+        {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": "tok "}]},
+        {"object": "chat.completion.chunk", "choices": [{"delta": {"content": ["tok "]}}]},
+    ]
+    return json.dumps(shapes[k % 4]).encode()
 
 
 @dataclass
@@ -412,9 +478,10 @@ def create_app(opts: argparse.Namespace) -> Any:
             buf[::PAGE] = b"\x01" * len(range(0, size, PAGE))  # touch every page
             state.leaked.append(buf)
         if _every(opts.fail_every, k):
+            echo = _echo(request.headers.get("authorization", "")) if opts.echo_auth else ""
             return _error(
                 opts.fail_status,
-                f"planted failure on request {k}",
+                f"planted failure on request {k}{echo}",
                 _error_kind(opts.fail_status),
             )
         reset = _every(opts.reset_every, k)
@@ -448,6 +515,8 @@ def create_app(opts: argparse.Namespace) -> Any:
                 state.gate.release()
 
         def usage(completion: int) -> dict[str, int]:
+            if opts.huge_usage:
+                completion = 10**23
             return {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion,
@@ -502,14 +571,26 @@ def create_app(opts: argparse.Namespace) -> Any:
                 if malformed:
                     yield b"data: {not json\n\n"
                     return
+                if opts.keepalive_ms > 0:
+                    while True:  # bytes keep coming, the answer never does
+                        await asyncio.sleep(opts.keepalive_ms / 1000)
+                        yield b": keepalive\n\n"
                 sent = 0
+                content = "" if opts.usage_only else "tok "
                 for i in range(n_tokens):
                     await asyncio.sleep(ttft if i == 0 else itl)
-                    yield chunk([{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}])
+                    if opts.odd_shapes:
+                        yield b"data: " + _odd_chunk(k) + b"\n\n"
+                    else:
+                        yield chunk(
+                            [{"index": 0, "delta": {"content": content}, "finish_reason": None}]
+                        )
                     sent += 1
                     state.generation_tokens += 1
-                    if reset:
+                    if reset or _every(opts.cut_every, k):
                         break
+                if _every(opts.cut_every, k):
+                    return  # the response ends cleanly here: a stream cut short
                 if reset:
                     await asyncio.sleep(0.005)
                     await _reset_connection(client)

@@ -14,7 +14,7 @@ SOAKD = Path(__file__).resolve().parents[1] / "soakd"
 #: layer, never a higher one nor a sibling part of the same layer (except the vocabulary)
 LAYER = {
     **dict.fromkeys(("__init__", "config", "clock", "records", "errors", "environment"), 0),
-    "jsonsafe": 0,
+    **dict.fromkeys(("jsonsafe", "redact"), 0),
     **dict.fromkeys(("sources", "workloads", "telemetry", "store"), 1),
     **dict.fromkeys(("analysis", "observers"), 2),
     "report": 3,

@@ -17,9 +17,10 @@ import pytest
 
 from soakd.config import SourceSettings, load_settings
 from soakd.errors import ExitCode, SourceError
+from soakd.redact import url as redact_url
 from soakd.sources import Source, SourceEnded, build_source, native, open_source
 from soakd.sources.images import natural_key
-from soakd.sources.opencv import NATIVE_GRACE_S, LiveSource, VideoFileSource, redact_url
+from soakd.sources.opencv import NATIVE_GRACE_S, LiveSource, VideoFileSource
 from soakd.sources.synthetic import SyntheticSource, frame_index
 from tests.silent_server import silent_listener
 

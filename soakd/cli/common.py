@@ -14,6 +14,7 @@ from typing import IO, Annotated, Any
 import typer
 from rich.console import Console
 
+from soakd import redact
 from soakd.errors import ExitCode, SoakdError
 from soakd.store import db as store
 from soakd.store import runs
@@ -200,7 +201,7 @@ def default_db_path(db: Path | None = None) -> Path:
 
 def error(message: str, code: ExitCode | int = ExitCode.USAGE) -> typer.Exit:
     """Print a one-line error to stderr and return the Exit to raise."""
-    print(f"soakd: error: {message}", file=sys.stderr)
+    print(f"soakd: error: {redact.text(message)}", file=sys.stderr)
     return typer.Exit(int(code))
 
 

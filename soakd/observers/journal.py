@@ -17,6 +17,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from soakd import redact
 from soakd.observers.base import Observer, RunInfo, RunResult
 from soakd.records import Event
 
@@ -74,6 +75,7 @@ class Journal:
     def send(self, message: str, priority: int, **fields: object) -> bool:
         entry = {"MESSAGE": message, "PRIORITY": priority, "SYSLOG_IDENTIFIER": IDENTIFIER}
         entry.update({k: v for k, v in fields.items() if v is not None})
+        entry = redact.data({k: str(v) for k, v in entry.items()})  # no secret leaves
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

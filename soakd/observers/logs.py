@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
+from soakd import redact
 from soakd.observers.base import Observer, Progress
 from soakd.observers.journal import ERR, INFO, WARNING, journal_stream
 from soakd.records import LOOK_EVENT, STAGES, Event, FrameRecord, standings, waiting_on
@@ -49,7 +51,18 @@ def default_to_stderr() -> None:
     configured structlog itself, point the default at stderr; ``configure_logging`` (the
     CLI) replaces it. Called when ``soakd.observers`` is imported, before anything logs."""
     if not structlog.is_configured():
-        structlog.configure(logger_factory=StderrLoggerFactory())
+        defaults = structlog.get_config()["processors"]
+        structlog.configure(
+            processors=[redact_secrets, *defaults], logger_factory=StderrLoggerFactory()
+        )
+
+
+def redact_secrets(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> dict[str, Any]:
+    """The first processor: every value of a log line through soakd.redact (an error text a
+    server echoed the API key into, a URL with a password)."""
+    return {k: redact.data(v) for k, v in event_dict.items()}
 
 
 def configure_logging(*, json: bool | None = None, level: str = "info", stream: Any = None) -> None:
@@ -58,6 +71,7 @@ def configure_logging(*, json: bool | None = None, level: str = "info", stream: 
         json = not stream.isatty()
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        redact_secrets,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),

@@ -25,6 +25,8 @@ from types import TracebackType
 
 import structlog
 
+from soakd import redact
+
 _log = structlog.get_logger("soakd.observers.notify")
 
 #: Seconds -> microseconds, the unit of every ``*_USEC`` variable.
@@ -75,8 +77,8 @@ def watchdog_interval_s(
 
 
 def _escape_status(text: str) -> str:
-    """STATUS= is one line: newlines would start a new assignment."""
-    return text.replace("\n", " ").replace("\r", " ")
+    """STATUS= is one line: newlines would start a new assignment; no secret (soakd.redact)."""
+    return redact.text(text).replace("\n", " ").replace("\r", " ")
 
 
 class Notifier:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
+from soakd import redact
 from soakd.config import SourceSettings
 from soakd.errors import SourceError
 from soakd.sources import native
@@ -40,12 +40,6 @@ NowFn = Callable[[], float]
 NATIVE_GRACE_S = 1.5
 
 STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "tcp", "srt")
-_CRED_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@:]+):([^/@]*)@", re.IGNORECASE)
-
-
-def redact_url(url: str) -> str:
-    """``rtsp://user:secret@host/x`` -> ``rtsp://user:***@host/x`` (for logs and the store)."""
-    return _CRED_RE.sub(r"\1\2:***@", url)
 
 
 def quiet_native_logs() -> None:
@@ -213,10 +207,10 @@ class LiveSource:
             scheme = url.split("://", 1)[0].lower() if "://" in url else ""
             if scheme not in STREAM_SCHEMES:
                 raise SourceError(
-                    f"source.url: {redact_url(url)!r} is not a stream URL "
+                    f"source.url: {redact.url(url)!r} is not a stream URL "
                     f"(expected one of {', '.join(s + '://' for s in STREAM_SCHEMES)})"
                 )
-            self.what = f"stream {redact_url(url)}"
+            self.what = f"stream {redact.url(url)}"
         else:
             self.what = f"camera index {settings.index}"
         self._resize = make_resize(settings)
@@ -353,7 +347,7 @@ class LiveSource:
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind}
         if self.kind == "stream":
-            d["url"] = redact_url(self.settings.url or "")
+            d["url"] = redact.url(self.settings.url or "")
         else:
             d["index"] = self.settings.index
         d.update(

@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import structlog
 
+from soakd import redact
 from soakd.records import (
     SAMPLE_FIELDS,
     ChunkStage,
@@ -316,15 +317,18 @@ def _json(v: Any) -> str | None:
 
 def frame_values(r: FrameRecord) -> tuple[Any, ...]:
     """A frame's values in the frames table's column order after ``run_id``: the record
-    itself (a tuple in that order), with ``extra`` as JSON text."""
-    if r.extra is None:
+    itself (a tuple in that order), with ``extra`` as JSON text and its ``error`` text
+    through the redaction layer (soakd.redact: no secret is stored)."""
+    if r.extra is None and r.error is None:
         return r
     values = list(r)
-    values[_EXTRA] = _json(r.extra)
+    values[_EXTRA] = _json(redact.data(r.extra))
+    values[_ERROR] = redact.text(r.error) if r.error is not None else None
     return tuple(values)
 
 
 _EXTRA = FrameRecord._fields.index("extra")
+_ERROR = FrameRecord._fields.index("error")
 
 
 def frame_row(run_id: str, r: FrameRecord) -> tuple[Any, ...]:
@@ -347,7 +351,7 @@ def emission_values(e: Emission) -> tuple[Any, ...]:
 
 
 def event_values(e: Event) -> tuple[Any, ...]:
-    return (e.t, e.wall, e.kind, e.frame_id, e.message, _json(e.data))
+    return (e.t, e.wall, e.kind, e.frame_id, redact.text(e.message), _json(redact.data(e.data)))
 
 
 #: rows per multi-row INSERT statement. sqlite3 releases the GIL around each statement's
@@ -455,7 +459,9 @@ class _Pending:
 
     def add_frames(self, batch: list[FrameRecord]) -> None:
         """A driver's batch of frame records, in order."""
-        self.rows[FrameRecord].extend(r if r.extra is None else frame_values(r) for r in batch)
+        self.rows[FrameRecord].extend(
+            r if r.extra is None and r.error is None else frame_values(r) for r in batch
+        )
         self.n += len(batch)
         while self.n > self.limit and self._shed():
             pass

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from soakd import redact
 from soakd.errors import UsageError
 
 
@@ -67,10 +68,10 @@ def open_run(conn: sqlite3.Connection, run: NewRun, started_unix: float) -> None
             os.uname().nodename,
             run.workload_kind,
             run.fps,
-            _dumps(run.config),
+            _dumps(redact.data(run.config)),  # as stored: no secret, no api_key_env
             run.config_hash,
-            json.dumps(run.workload, default=str),
-            json.dumps(run.environment, default=str),
+            json.dumps(redact.data(run.workload), default=str),
+            json.dumps(redact.data(run.environment), default=str),
         ),
     )
     conn.executemany(
@@ -93,7 +94,14 @@ def close_run(
     conn.execute(
         "UPDATE runs SET status = ?, reason = ?, ended_at = ?, duration_s = ?, summary = ?"
         " WHERE id = ?",
-        (status, reason, _utc(ended_unix), duration_s, json.dumps(summary, default=str), run_id),
+        (
+            status,
+            None if reason is None else redact.text(reason),
+            _utc(ended_unix),
+            duration_s,
+            json.dumps(redact.data(summary), default=str),
+            run_id,
+        ),
     )
 
 

@@ -41,6 +41,7 @@ import cv2
 import numpy as np
 from httpx_sse import EventSource
 
+from soakd import redact
 from soakd.config import OpenAIWorkloadSettings
 from soakd.records import Frame, StageOutput
 from soakd.workloads.base import RunAbort, WorkloadContext, WorkloadError
@@ -50,18 +51,23 @@ from soakd.workloads.hf import resize_short_side
 READY_POLL_S = 0.25
 
 #: the error kinds a request can end with (``RequestFailed.kind``)
-ErrorKind = Literal["refused", "reset", "timeout", "http", "malformed", "empty", "protocol"]
+ErrorKind = Literal[
+    "refused", "reset", "timeout", "http", "malformed", "empty", "truncated", "protocol"
+]
+#: the most tokens one answer may claim (``usage.completion_tokens``): more is not a count
+MAX_TOKENS = 1 << 31
 
 
 class RequestFailed(Exception):
     """One request that did not give an answer: ``kind`` (refused, reset, timeout, http,
-    malformed, empty, protocol) and the HTTP ``status`` when there was one. ``str()`` is
-    ``"http 503: <body>"``, the text the frame's ``error`` column keeps."""
+    malformed, empty, truncated, protocol) and the HTTP ``status`` when there was one.
+    ``str()`` is ``"http 503: <body>"``, the text the frame's ``error`` column keeps, its
+    secrets masked (soakd.redact) before it is cut to length."""
 
     def __init__(self, kind: ErrorKind, message: str, status: int | None = None) -> None:
         self.kind, self.status = kind, status
         head = f"{kind} {status}" if status is not None else kind
-        super().__init__(f"{head}: {message}"[:500])
+        super().__init__(redact.text(f"{head}: {message}")[:500])
 
     @property
     def unreachable(self) -> bool:
@@ -79,6 +85,7 @@ class Pending:
     chunks: int = 1  # content chunks so far
     text: list[str] = field(default_factory=list)
     usage_tokens: int | None = None
+    finished: bool = False  # a finish_reason, the usage chunk or [DONE] was seen
 
 
 @dataclass(slots=True)
@@ -129,6 +136,11 @@ class OpenAIStaged:
                 f"workload.api_key_env: the environment variable {settings.api_key_env} is not set"
             )
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # the key and the URL's password: masked from now on in every text that leaves soakd
+        redact.add_secret(key)
+        redact.add_url(settings.base_url)
+        self.where = redact.url(settings.base_url)  # the API root as messages name it
+        self._deadline = _Deadline()  # this thread's request's deadline (request_timeout_s)
 
     # --- setup: the client, the server ready, the model id
     def setup(self) -> None:
@@ -151,18 +163,19 @@ class OpenAIStaged:
         key or a server not ready within ``ready_timeout_s`` is a WorkloadError."""
         assert self._client is not None
         url, deadline = f"{self.s.base_url}/models", time.monotonic() + self.s.ready_timeout_s
+        shown = f"{self.where}/models"
         last = "no answer"
         while True:
             try:
                 r = self._client.get(url, timeout=min(5.0, self.s.ready_timeout_s))
             except self._httpx.InvalidURL as exc:
-                raise WorkloadError(f"workload.base_url {self.s.base_url!r}: {exc}") from None
+                raise WorkloadError(f"workload.base_url {self.where!r}: {exc}") from None
             except self._httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}".rstrip(": ")
             else:
                 if r.status_code in (401, 403):
                     raise WorkloadError(
-                        f"{url}: the server refused the API key (HTTP {r.status_code}); set "
+                        f"{shown}: the server refused the API key (HTTP {r.status_code}); set "
                         "workload.api_key_env to the variable that holds it"
                     )
                 if r.status_code == 200:
@@ -170,12 +183,12 @@ class OpenAIStaged:
                 last = f"HTTP {r.status_code}"
                 if r.status_code == 404:
                     raise WorkloadError(
-                        f"{url}: HTTP 404, not an OpenAI-compatible API root (workload.base_url "
+                        f"{shown}: HTTP 404, not an OpenAI-compatible API root (workload.base_url "
                         "should end in /v1)"
                     )
             if time.monotonic() >= deadline:
                 raise WorkloadError(
-                    f"the server at {self.s.base_url} was not ready within "
+                    f"the server at {self.where} was not ready within "
                     f"{self.s.ready_timeout_s:g} s (workload.ready_timeout_s): {last}"
                 )
             time.sleep(READY_POLL_S)
@@ -192,7 +205,7 @@ class OpenAIStaged:
         if self.model is None:
             if not models:
                 raise WorkloadError(
-                    f"{self.s.base_url}/models lists no model: set workload.model to the id "
+                    f"{self.where}/models lists no model: set workload.model to the id "
                     "the server serves"
                 )
             self.model = models[0]
@@ -256,9 +269,11 @@ class OpenAIStaged:
     def infer(self, inputs: tuple[int, bytes]) -> Pending | Answer:
         """Send the request; return at its first content token (streaming) or its whole
         answer. A refused, reset or timed-out request, or an HTTP error, raises."""
+        self._deadline.at = time.monotonic() + self.s.request_timeout_s
         try:
             out = self._send(inputs[1])
         except RequestFailed as exc:
+            self._deadline.at = None
             self._unreachable(exc)
             raise
         self._reachable()
@@ -270,11 +285,14 @@ class OpenAIStaged:
         req = self._client.build_request(
             "POST", self.url, content=body, headers={"Content-Type": "application/json"}
         )
+        req.extensions["trace"] = self._trace  # a new connection: bounded from its first read
         try:
             r = self._client.send(req, stream=True)
         except httpx.HTTPError as exc:
             raise _transport_error(httpx, exc) from None
         try:
+            # a connection setup opened (GET /models) is bounded from its first request here
+            self._bound(r.extensions.get("network_stream"))
             if r.status_code >= 400:
                 raise RequestFailed("http", _error_text(r), r.status_code)
             if not self.s.stream:
@@ -287,6 +305,15 @@ class OpenAIStaged:
             r.close()
             raise
 
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: a connection opened for a request reads under the request
+        deadline from its first byte (the reply's headers too)."""
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self._bound(info.get("return_value"))
+
+    def _bound(self, stream: Any) -> None:
+        _bound_reads(stream, self._deadline, self.s.request_timeout_s)
+
     def _first_token(self, r: Any) -> Pending:
         # a reply that is not an event stream raises httpx_sse.SSEError, an httpx error:
         # _send records it as a "protocol" failure
@@ -298,18 +325,25 @@ class OpenAIStaged:
                 pending.text.append(text)
                 return pending
         r.close()
+        _check_finished(pending)
         if not pending.usage_tokens:
             raise RequestFailed("empty", "the stream ended without a content token")
         # tokens that decode to no text (the usage chunk counts them): the answer is whole
-        # now, so its first token is not seen apart and decode has nothing left
-        pending.t_first = time.perf_counter()
+        # now, so its first token is not seen apart and decode has nothing left to read
+        pending.t_first, pending.events = time.perf_counter(), iter(())
         return pending
 
     def decode(self, outputs: Pending | Answer) -> StageOutput:
         """The rest of the stream: tokens and the request's inter-token intervals."""
-        if isinstance(outputs, Answer):
-            return _parse_answer(outputs.body)
-        p, httpx = outputs, self._httpx
+        try:
+            if isinstance(outputs, Answer):
+                return _parse_answer(outputs.body)
+            return self._rest(outputs)
+        finally:
+            self._deadline.at = None
+
+    def _rest(self, p: Pending) -> StageOutput:
+        httpx = self._httpx
         itl: list[float] = []
         last = p.t_first
         try:
@@ -324,6 +358,7 @@ class OpenAIStaged:
             raise _transport_error(httpx, exc) from None
         finally:
             p.response.close()
+        _check_finished(p)
         tokens = p.usage_tokens if p.usage_tokens is not None else p.chunks
         extra: dict[str, Any] = {"chunks": p.chunks, **_percentiles(itl)}
         if p.usage_tokens is not None:
@@ -367,12 +402,75 @@ class OpenAIStaged:
             self._client = None
 
 
+class _Deadline(threading.local):
+    """The monotonic time by which this thread's request must have its last byte (None
+    between requests): ``workload.request_timeout_s`` from the request's start."""
+
+    at: float | None = None
+
+
+def _bound_reads(stream: Any, deadline: _Deadline, timeout_s: float) -> None:
+    """Make every read on a connection's network ``stream`` wait at most until the reading
+    thread's request deadline, and fail once it has passed: ``request_timeout_s`` is a
+    deadline for the whole answer, not a wait per read (a server sending an SSE comment
+    every second would otherwise hold a request for ever). The connection keeps the bound
+    for its later requests, each read under its own thread's deadline."""
+    import httpcore
+
+    if stream is None or getattr(stream, "_soakd_deadline", False):
+        return
+    read = stream.read
+
+    def late() -> Exception:
+        why = f"no whole answer within workload.request_timeout_s = {timeout_s:g} s"
+        return httpcore.ReadTimeout(why)
+
+    def bounded(max_bytes: int, timeout: float | None = None) -> bytes:
+        at = deadline.at
+        if at is None:
+            return bytes(read(max_bytes, timeout))
+        left = at - time.monotonic()
+        if left <= 0:
+            raise late()
+        try:
+            return bytes(read(max_bytes, left if timeout is None else min(timeout, left)))
+        except httpcore.ReadTimeout:
+            if time.monotonic() >= at:
+                raise late() from None
+            raise
+
+    stream.read = bounded
+    stream._soakd_deadline = True
+
+
+def _token_count(value: Any, what: str) -> int | None:
+    """A server's token count: None when absent, else an int in 0 .. MAX_TOKENS; anything
+    else (10**23, -1, "5", true) is a malformed answer, never a number soakd stores."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    raise RequestFailed("malformed", f"{what} = {str(value)[:40]} is not a token count")
+
+
+def _check_finished(p: Pending) -> None:
+    """A stream that ended before its end (no finish_reason, no usage chunk, no [DONE]: a
+    connection closed cleanly mid-answer) is truncated, not a short answer."""
+    if not p.finished:
+        raise RequestFailed(
+            "truncated",
+            f"the stream ended after {p.chunks} content chunk(s) without a finish_reason or [DONE]",
+        )
+
+
 def _deltas(events: Iterator[Any], p: Pending) -> Iterator[tuple[str, Any]]:
     """(content text, usage) of each chat.completion.chunk event until ``[DONE]``; the usage
-    chunk's ``completion_tokens`` goes to ``p.usage_tokens``. Malformed JSON raises."""
+    chunk's ``completion_tokens`` goes to ``p.usage_tokens``. Malformed JSON or a chunk of
+    the wrong shape raises ``malformed``."""
     for ev in events:
         data = ev.data
         if data.strip() == "[DONE]":
+            p.finished = True
             return
         if not data.strip():
             continue
@@ -387,26 +485,51 @@ def _deltas(events: Iterator[Any], p: Pending) -> Iterator[tuple[str, Any]]:
         if "error" in chunk:
             raise RequestFailed("http", f"error in the stream: {json.dumps(chunk['error'])[:200]}")
         usage = chunk.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            p.usage_tokens = usage["completion_tokens"]
-        text = ""
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {} if isinstance(choice, dict) else {}
-            text += str(delta.get("content") or "")
-        yield text, usage
+        if usage is not None:
+            if not isinstance(usage, dict):
+                raise RequestFailed("malformed", f"a usage that is not an object: {data[:80]!r}")
+            count = _token_count(usage.get("completion_tokens"), "usage.completion_tokens")
+            if count is not None:
+                p.usage_tokens, p.finished = count, True
+        yield _chunk_text(chunk, data, p), usage
+
+
+def _chunk_text(chunk: dict[str, Any], data: str, p: Pending) -> str:
+    """The content text of one chunk's choices; a finish_reason marks the stream whole."""
+    choices = chunk.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        raise RequestFailed("malformed", f"choices is not a list: {data[:80]!r}")
+    text = ""
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise RequestFailed("malformed", f"a choice that is not an object: {data[:80]!r}")
+        delta = choice.get("delta")
+        if not isinstance(delta, dict | None):
+            raise RequestFailed("malformed", f"a delta that is not an object: {data[:80]!r}")
+        content = (delta or {}).get("content")
+        if not isinstance(content, str | None):
+            raise RequestFailed("malformed", f"delta.content is not text: {data[:80]!r}")
+        text += content or ""
+        if choice.get("finish_reason") is not None:
+            p.finished = True
+    return text
 
 
 def _parse_answer(body: bytes) -> StageOutput:
     try:
         data = json.loads(body)
-        text = data["choices"][0]["message"].get("content") or ""
+        text = data["choices"][0]["message"].get("content")
+        usage = data.get("usage")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise RequestFailed("malformed", f"not a chat completion: {body[:80]!r}") from None
-    usage = data.get("usage") if isinstance(data, dict) else None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(text, str | None) or not isinstance(usage, dict | None):
+        raise RequestFailed("malformed", f"not a chat completion: {body[:80]!r}")
+    tokens = _token_count((usage or {}).get("completion_tokens"), "usage.completion_tokens")
     if not text and not tokens:
         raise RequestFailed("empty", "the completion has no content")
-    return StageOutput(text, tokens if isinstance(tokens, int) else None)
+    return StageOutput(text or "", tokens)
 
 
 def _error_text(r: Any) -> str:
