@@ -670,3 +670,23 @@ def test_many_events_of_a_kind_are_ticks_not_lines_that_hide_the_data(leaky_db: 
                if e.get("class") == "vtick")  # fmt: skip
     (label,) = [t.text for t in svg.iter(f"{NS}text") if t.get("class") == "vlabel"]
     assert (label or "").startswith("error x40")
+
+
+def test_a_run_killed_before_its_first_frame_still_gets_every_report(tmp_path: Path) -> None:
+    """A run with no frame rows (killed 0.2 s after it started) is reported in every format,
+    the HTML one saying its frame rate panel has no frames, never a Traceback (exit 4)."""
+    db = tmp_path / "r.db"
+    conn = store.connect(db)
+    cfg = {"workload": {"kind": "synthetic", "device": "cpu"}}
+    make_run(conn, id="killed", fps=10, config=cfg, duration_s=0.2, status="aborted",
+             reason="killed")  # fmt: skip
+    conn.commit()
+    for fmt in ("html", "md", "json", "junit"):
+        out = tmp_path / f"r.{fmt}"
+        p = subprocess.run(
+            soakd_cmd("report", "killed", "--db", str(db), "-f", fmt, "-o", str(out)),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert p.returncode == 0, (fmt, p.stderr)
+        assert "Traceback" not in p.stderr
+    assert "Achieved frame rate: no frames" in (tmp_path / "r.html").read_text()

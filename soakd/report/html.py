@@ -594,6 +594,8 @@ class _Panels:
             done = self.data.frame("t_done")
             if not np.isfinite(done).any():
                 done = self.data.frames["t_capture"]
+        if not np.isfinite(done).any():  # killed before a frame was finished
+            return '<p class="note" data-panel="fps">Achieved frame rate: no frames</p>'
         width = max(self.pw, 1.0)
         c, n, _ = _binned(done, None, width, self.x_range[1])
         ends = (np.arange(c.size) + 1) * width
