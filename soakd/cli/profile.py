@@ -308,8 +308,32 @@ def baseline_list_cmd(
     print_rich([t], output)
 
 
+def model_path_cmd(
+    config: Annotated[Path | None, CONFIG_ARG] = None,
+    set_: Annotated[list[str] | None, SET_OPTION] = None,
+) -> None:
+    """Print the folder the embedded tiny model (workload.kind = "tiny-vlm") of CONFIG is
+    loaded from, building it first when it is not there: what `transformers serve` serves
+    (configs/openai-endpoint.toml). Exit code: 0, 2 usage/config error or another
+    workload."""
+    from soakd.config import TinyVlmWorkload
+    from soakd.workloads.base import WorkloadError
+    from soakd.workloads.tiny import TinySpec, ensure_tiny_model
+
+    w = _settings(config, set_, None).workload
+    configure_logging(level="warning")
+    if not isinstance(w, TinyVlmWorkload):
+        raise error(f"workload.kind is {w.kind!r}: model-path names the tiny-vlm model's folder")
+    spec = TinySpec(arch=w.arch, seed=w.seed, short_side=w.short_side)
+    try:
+        print(ensure_tiny_model(spec, w.cache_dir))
+    except WorkloadError as exc:
+        raise error(str(exc)) from None
+
+
 def register(app: typer.Typer) -> None:
     app.command("profile")(profile_cmd)
+    app.command("model-path")(model_path_cmd)
     app.command("sweep")(sweep_cmd)
     app.command("compare")(compare_cmd)
     app.add_typer(baseline_app, name="baseline")
