@@ -84,7 +84,8 @@ def profile_cmd(
 ) -> None:
     """Run N frames back to back and print the stage table, the first frame apart, peak
     memory, the theoretical rate (1000 / median total) and a recommended --fps. Exit code:
-    0 measured, 2 usage/config error, 3 no frame finished after the first."""
+    0 measured, 2 usage/config error, 3 no frame finished after the first or the run did not
+    complete (stalled, aborted: no rate recommended)."""
     how = _study_format(fmt, as_json, output)
     _check_folder(output)
     settings = _settings(config, set_, db)
@@ -97,7 +98,10 @@ def profile_cmd(
         print_rich(profile_tables(result), None)
     else:
         write_output(result.to_json() if how == "json" else result.to_markdown(), output)
-    raise typer.Exit(int(ExitCode.PASS if result.theoretical_fps else ExitCode.INVALID))
+    if result.host is not None and result.host.contended:
+        print(f"soakd: warning: host busy: {result.host.words()}", file=sys.stderr)
+    ok = result.theoretical_fps and result.completed
+    raise typer.Exit(int(ExitCode.PASS if ok else ExitCode.INVALID))
 
 
 @contextmanager

@@ -51,7 +51,10 @@ def profile_tables(r: ProfileResult) -> list[Any]:
         )
     if r.theoretical_fps is not None:
         lines.append(f"theoretical rate {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
-        lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")
+        if r.fps_flag is not None:
+            lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")
+        else:
+            lines.append(f"recommended rate: none (the run ended {r.status})")
     else:
         lines.append("theoretical rate: unknown (no frame finished after the first)")
     lines += [f"note: {n}" for n in r.notes]
