@@ -75,7 +75,8 @@ def sweep_tables(r: SweepResult) -> list[Any]:
         if p.status != "ok":
             t.add_row(value, f"rejected: {p.reason}", *("–" for _ in cols[2:]))
             continue
-        row = [value, p.verdict or "ok", _ms(p.pre_median_ms), _ms(p.infer_median_ms)]
+        status = (p.verdict or "ok") + (" (host busy)" if p.host_busy else "")
+        row = [value, status, _ms(p.pre_median_ms), _ms(p.infer_median_ms)]
         row += [_ms(p.infer_max_ms), _ms(p.total_median_ms)]
         if r.paced:
             drops = "–" if p.drop_fraction is None else f"{p.drop_fraction:.1%}"

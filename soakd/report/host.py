@@ -30,13 +30,10 @@ class HostLoad:
         return self.others_pct >= HOST_BUSY_SHARE_PCT
 
     def words(self) -> str:
-        """``other processes kept 93 % of the host's 2 CPUs busy (median; load average
-        12.1)``."""
-        load = f"; load average {self.load1:.3g}" if self.load1 is not None else ""
-        return (
-            f"other processes kept {self.others_pct:.0f} % of the host's {self.cpus} CPUs "
-            f"busy (median{load})"
-        )
+        """``other processes kept 93 % of the host's 2 CPUs busy (load average 12.1)``."""
+        load = f" (load average {self.load1:.3g})" if self.load1 is not None else ""
+        share = f"{self.others_pct:.0f} % of the host's {self.cpus} CPUs"
+        return f"other processes kept {share} busy{load}"
 
     def to_dict(self) -> dict[str, float | int | bool | None]:
         return {

@@ -64,6 +64,8 @@ class Series:
     #: ``line_chart(reach=...)`` x the data's span to take it in, and it is cut where it
     #: leaves the plot area
     scale: bool = True
+    #: a line with a mark on each point too (few points, each one measured: a sweep)
+    markers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,13 +281,15 @@ def line_chart(
     panel_id: str | None = None,
     legend: bool = True,
     reach: float = 1.0,
+    x_ticks: Sequence[float] | None = None,
 ) -> str:
     """Render series as an inline ``<svg>`` line chart and return its markup.
 
     ``x_range`` pins the x axis (pass the same range to several charts to time-align them);
     ``y_range`` pins the y axis, ``y_zero`` includes 0 in it; a series with ``scale=False``
     (a tolerance line) widens it by at most ``reach`` x the data's span and is cut at the
-    plot area's edge. ``panel_id`` becomes the ``data-panel`` attribute (tests and scripts
+    plot area's edge. ``x_ticks`` sets the x axis's ticks (a sweep's values) instead of
+    round steps. ``panel_id`` becomes the ``data-panel`` attribute (tests and scripts
     find panels by it). Each drawn series is a ``<path class="series" data-series="NAME">``;
     a series with no finite point is listed in the legend as "(no data)" and not drawn. The
     legend sits between the title and the plot area, its entries spaced by their text's
@@ -304,7 +308,7 @@ def line_chart(
     clip = f"clip-{panel_id or id(series)}"
     out = _frame(box, width, height, title, y_label, panel_id, clip)
     out += [_span(sp, sx, box) for sp in spans]
-    out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label))
+    out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label, x_ticks))
     out.append(f'<g clip-path="url(#{escape(clip)})">')
     for (s, xs, ys), color in zip(prepared, colors, strict=True):
         if not s.scale:
@@ -487,18 +491,28 @@ def _draw_series(s: Series, px: np.ndarray, py: np.ndarray, color: str) -> str:
     if not d:
         return ""
     dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-    return (
+    path = (
         f'<path class="series" data-series="{name}" d="{d}" fill="none" '
         f'stroke="{color}" stroke-width="{s.width}"{dash} stroke-linejoin="round"/>'
     )
+    if not s.markers:
+        return path
+    ok = np.isfinite(px) & np.isfinite(py)
+    marks = "".join(
+        f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3"/>'
+        for a, b in zip(px[ok].tolist(), py[ok].tolist(), strict=True)
+    )
+    return path + f'<g class="markers" data-series="{name}" fill="{color}">{marks}</g>'
 
 
 def _axes(
-    sx: _Scale, sy: _Scale, left: int, top: int, pw: int, ph: int, x_label: str, y_label: str
-) -> list[str]:
+    sx: _Scale, sy: _Scale, left: int, top: int, pw: int, ph: int, x_label: str, y_label: str,
+    x_ticks: Sequence[float] | None = None,
+) -> list[str]:  # fmt: skip
     out = ['<g class="axes" fill="#444444" stroke="none">']
-    xt = nice_ticks(sx.lo, sx.hi, max(2, pw // 90))
-    for t, label in zip(xt, tick_labels(xt), strict=True):
+    xt = list(x_ticks) if x_ticks is not None else nice_ticks(sx.lo, sx.hi, max(2, pw // 90))
+    labels = [fmt_num(t) for t in xt] if x_ticks is not None else tick_labels(xt)
+    for t, label in zip(xt, labels, strict=True):
         xx = sx.one(t)
         out.append(
             f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}" stroke="#eeeeee"/>'

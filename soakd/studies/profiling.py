@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
 from soakd.config import Settings
 from soakd.observers.base import Observer
@@ -320,6 +321,40 @@ def _held(v: Any) -> str:
     return "unset" if v is None else repr(v)
 
 
+class _HostMeter:
+    """The host's CPU time and this process's from its start to ``read()``: other
+    processes' share of the host's CPUs over a profile too short for a telemetry sample."""
+
+    def __init__(self) -> None:
+        self.host = psutil.cpu_times()
+        self.own = psutil.Process().cpu_times()
+        self.cpus = psutil.cpu_count() or 1
+
+    @staticmethod
+    def _busy(t: Any) -> float:
+        return float(sum(t)) - float(t.idle) - float(getattr(t, "iowait", 0.0))
+
+    def read(self) -> HostLoad | None:
+        host, own = psutil.cpu_times(), psutil.Process().cpu_times()
+        total = float(sum(host)) - float(sum(self.host))
+        if total <= 0:
+            return None
+        busy = self._busy(host) - self._busy(self.host)
+        mine = (own.user + own.system) - (self.own.user + self.own.system)
+        others = min(100.0, max(0.0, 100.0 * (busy - mine) / total))
+        return HostLoad(others_pct=others, load1=psutil.getloadavg()[0], cpus=self.cpus)
+
+
+def _host_note(r: ProfileResult) -> list[str]:
+    if r.host is None or not r.host.contended:
+        return []
+    return [
+        f"host busy: {r.host.words()} during the profile: its times are the host's as much "
+        "as the model's, and its rate will not hold when the load changes; profile on a "
+        "quiet host"
+    ]
+
+
 def _notes(r: ProfileResult) -> list[str]:
     notes = []
     if r.held_fixed:
@@ -343,13 +378,7 @@ def _notes(r: ProfileResult) -> list[str]:
             f"the profile run ended {r.status}: {r.reason}; no rate is recommended from a "
             "run that did not complete (exit 3)"
         )
-    if r.host is not None and r.host.contended:
-        notes.append(
-            f"host busy: {r.host.words()} during the profile: its times are the host's as "
-            "much as the model's, and its rate will not hold when the load changes; profile "
-            "on a quiet host"
-        )
-    return notes
+    return notes + _host_note(r)
 
 
 def profile(
@@ -364,6 +393,7 @@ def profile(
     source, database or workload that cannot be opened (exit code 2)."""
     if frames < 2:
         raise ValueError("a profile needs at least 2 frames (the first is set apart)")
+    meter = _HostMeter()
     result = run_soak(
         settings, observers=observers, mode="profile", max_frames=frames, paced=paced, judge=False
     )
@@ -372,6 +402,9 @@ def profile(
         out = profile_from_db(conn, result.run_id)
     finally:
         conn.close()
+    if out.host is None:  # shorter than one telemetry tick: the host over the whole call
+        out.host = meter.read()
+        out.notes = [n for n in out.notes if not n.startswith("host busy")] + _host_note(out)
     if out.sample_output is None:
         out.sample_output = result.summary.get("sample_output")
     return out
