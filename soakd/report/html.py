@@ -1,7 +1,12 @@
 """One self-contained HTML report that opens offline: the verdict table, warnings and hints,
 then time-aligned panels drawn as inline SVG (no script, no CDN, no web font).
 
-Panels share one time axis (seconds since the run's start) with the warm-up shaded:
+Panels share one time axis (seconds since the run's start) with the warm-up shaded, and
+one clock (``CLOCK_NOTE``, said on the page): a frame's stage times, queue length and age
+are plotted when the model took it (dispatch = capture + frame age, the clock frame age is
+judged on), drops and captures when they happened, completed frames when they finished,
+telemetry when it was sampled. So on a backlog run the stage panel spans the time the model
+worked, beside the utilisation and memory it used then. The panels are:
 stage latencies, a rollout's named chunk stages (a panel each), frame age (or the
 generator's output interval), drop rate, process RSS,
 GPU memory, utilisation (soakd's and, where sampled, the host's), queue length and achieved
@@ -27,6 +32,7 @@ import numpy as np
 from soakd import __version__
 from soakd.analysis import stats
 from soakd.analysis.criteria.drops import loss_rates
+from soakd.analysis.losses import running_total
 from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
 from soakd.analysis.streams import streams_of
 from soakd.records import LOOK_EVENT, STAGE_COLUMNS, standings
@@ -43,6 +49,16 @@ td.pass{color:#2ca02c;font-weight:bold} td.fail{color:#d62728;font-weight:bold}
 td.invalid{color:#b8860b;font-weight:bold} td.na{color:#999}
 .panel{margin:6px 0} .note{color:#555;font-size:13px}
 """
+
+#: the sentence above the panels that names their clock
+CLOCK_NOTE = (
+    "Every panel shares one clock, seconds since the run's start: a frame's stage times, "
+    "queue length and age are drawn when the model took it (dispatch = capture + frame "
+    "age), drops and captured frames when they happened, completed frames when they "
+    "finished, telemetry when it was sampled."
+)
+#: the x axis of a per-frame panel
+_DISPATCH_AXIS = "time since start (s); frames at dispatch"
 
 _PLOT_WINDOWS = 600
 #: the events marked on every panel
@@ -212,6 +228,10 @@ class _Panels:
             np.nan_to_num(data.frames["frame_id"]).astype(np.int64) % n if n > 1 else None
         )
         self.measured = data.measured(self.t0) if not self.bounded else np.zeros(0, bool)
+        #: when the model took each frame (capture + frame age; a frame never taken, or
+        #: whose age was not recorded, at its capture): the clock of per-frame panels
+        age = data.frame("frame_age_ms")
+        self.t_dispatch = t + np.where(np.isfinite(age), age, 0.0) / 1000.0
 
     def chart(
         self,
@@ -222,10 +242,11 @@ class _Panels:
         hlines: list[HLine] | None = None,
         y_zero: bool = True,
         y_range: tuple[float, float] | None = None,
+        x_label: str = "time since start (s)",
     ) -> str:
         return line_chart(
             series,
-            x_label="time since start (s)",
+            x_label=x_label,
             y_label=y_label,
             title=title,
             x_range=self.x_range,
@@ -294,7 +315,7 @@ class _Panels:
     def stages(self) -> str:
         if self.bounded:
             return self.streamed("stages", "Stage latencies")
-        t = self.data.frames["t_capture"]
+        t = self.t_dispatch
         ok = self.data.frames["skipped"] == 0
         series = []
         for col in STAGE_COLUMNS:
@@ -324,7 +345,7 @@ class _Panels:
         title = "Stage latencies (window medians)"
         if self.stream_ids is not None:
             title += ", total per stream"
-        return self.chart(series + marks, "stages", title, "ms", hl)
+        return self.chart(series + marks, "stages", title, "ms", hl, x_label=_DISPATCH_AXIS)
 
     def jitter_evidence(self, src: str) -> tuple[list[Series], list[HLine]]:
         """A failing jitter criterion's evidence: the line k x median of the column it
@@ -346,14 +367,14 @@ class _Panels:
             color=SERIES_COLORS["tolerance"],
         )
         label = f"{name} over k x median ({int(over.sum())} frames)"
-        t = self.data.frames["t_capture"]
+        t = self.t_dispatch
         return [Series(label, t[over], y[over], color="#d62728", kind="points")], [line]
 
     def chunk_stages(self) -> list[str]:
         """A rollout's named chunk stages, a panel each: window medians and maxima."""
         if self.bounded:
             return []
-        t = self.data.frames["t_capture"]
+        t = self.t_dispatch
         out = []
         for name, y in self.data.stages.items():
             w = stats.window_reduce(t, y, self.pw, t0=0.0)
@@ -372,7 +393,7 @@ class _Panels:
                 ),
             ]
             title = f"Chunk stage {name} (ms per chunk)"
-            out.append(self.chart(series, f"stage-{name}", title, "ms"))
+            out.append(self.chart(series, f"stage-{name}", title, "ms", x_label=_DISPATCH_AXIS))
         return out
 
     def age(self) -> str:
@@ -388,14 +409,19 @@ class _Panels:
             ]
         if self.stream_ids is not None and name == "frame_age":
             y = np.where(self.measured, self.data.frame("frame_age_ms"), np.nan)
-            t = self.data.frames["t_capture"] + np.nan_to_num(y) / 1000.0  # dispatch axis
+            t = self.t_dispatch
             width = w.width_s if w is not None else self.pw
             series += self.per_stream(t, y, width, "median")
             title += ", window medians per stream"
         tol = (c.threshold or 0.0) / 60 if c else 0.0
         series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol)
         return self.chart(
-            series, name, f"{title} (ms), trend and tolerance", "ms", self.age_lines(c)
+            series,
+            name,
+            f"{title} (ms), trend and tolerance",
+            "ms",
+            self.age_lines(c),
+            x_label=_DISPATCH_AXIS,
         )
 
     def age_lines(self, c: CriterionResult | None) -> list[HLine]:
@@ -455,12 +481,9 @@ class _Panels:
             if (c and c.threshold)
             else []
         )
-        t = self.data.frames["t_capture"]
-        cum = np.nan_to_num(self.data.frame("drop_count")) + np.nan_to_num(
-            self.data.frame("stale_count")
-        )
-        total = float(cum.max()) if cum.size else 0.0
-        return self.chart(series, "drops", f"{title} ({total:.0f} in all, {t.size} rows)", "%", hl)
+        if c is not None and c.detail:  # the verdict's own count, in its words
+            title += f": {c.detail}"
+        return self.chart(series, "drops", title, "%", hl)
 
     def stream_losses(self, width: float) -> list[Series]:
         """Each stream's loss rate per window: its own drops and stale frames (the rows'
@@ -560,7 +583,7 @@ class _Panels:
         """The frame queue's length when each frame was taken: window medians and maxima."""
         if self.bounded:
             return self.streamed("queue", "Queue length")
-        t, q = self.data.frames["t_capture"], self.data.frame("queue_len")
+        t, q = self.t_dispatch, self.data.frame("queue_len")
         if not np.isfinite(q).any():
             return '<p class="note" data-panel="queue">Queue length: no data</p>'
         w = stats.window_reduce(t, q, self.pw, t0=0.0)
@@ -579,43 +602,84 @@ class _Panels:
                 color=_color("window max"),
             ),
         ]
-        return self.chart(series, "queue", "Frame queue length (frames waiting)", "frames")
+        title = "Frame queue length when the model took a frame (frames waiting)"
+        return self.chart(series, "queue", title, "frames", x_label=_DISPATCH_AXIS)
 
     def fps(self) -> str:
-        """Achieved frame rate: frames finished (``t_done``) per window, against the target;
-        for a generator, the frames it emitted (``emissions``), not its requests or chunks,
-        against ``criteria.content_fps`` where set."""
+        """Frame rate per window: the frames captured (rows and the drops between them, at
+        capture) beside the frames completed (finished without error, at dispatch + total),
+        against the target; for a generator, the frames it emitted (``emissions``), not its
+        requests or chunks, against ``criteria.content_fps`` where set."""
         if self.bounded:
             return self.streamed("fps", "Achieved frame rate")
         gen = self.data.meta.generates and len(self.data.emissions.get("t_emit", ())) > 0
         if gen:
-            done = self.data.emissions["t_emit"]
-        else:
-            done = self.data.frame("t_done")
-            if not np.isfinite(done).any():
-                done = self.data.frames["t_capture"]
-        if not np.isfinite(done).any():  # killed before a frame was finished
+            return self.gen_fps()
+        d = self.data
+        t = d.frames["t_capture"]
+        if not np.isfinite(t).any():  # killed before a frame was finished
             return '<p class="note" data-panel="fps">Achieved frame rate: no frames</p>'
+        total = d.frame("total_ms")
+        ok = np.isfinite(total) & (d.frames["skipped"] == 0) & (d.frames["has_error"] == 0)
+        done = (self.t_dispatch + np.nan_to_num(total) / 1000.0)[ok]
+        ran = running_total(d.frame("stream"), d.frame("drop_count"))  # all streams
+        dropped = np.diff(ran, prepend=0.0).clip(min=0)
+        width = max(self.pw, 1.0)
+        hi = self.x_range[1]
+        c, n_cap, _ = _binned(t, None, width, hi)
+        n_drop = np.histogram(t, bins=np.arange(c.size + 1) * width, weights=dropped)[0]
+        _, n_done, _ = _binned(done, None, width, hi)
+        ends = (np.arange(c.size) + 1) * width
+        full = ends <= hi + 1e-9  # a last partial window reads low
+        # frames captured after the last row (queued or in flight at the end) have no
+        # capture time: the captured line stops at the last row's
+        cap = full & (ends <= float(np.nanmax(t)) + 1e-9)
+        series = [
+            Series(
+                f"captured per {width:.3g} s",
+                c[cap],
+                (n_cap + n_drop)[cap] / width,
+                color="#7f7f7f",
+                dash="4 3",
+                width=1.2,
+            ),
+            Series(f"completed per {width:.3g} s", c[full], n_done[full] / width,
+                   color=_color("fps")),
+        ]  # fmt: skip
+        target = d.meta.fps
+        hl = (
+            [HLine(float(target), f"target {target:g} fps", color="#7f7f7f")]
+            if isinstance(target, int | float) and target
+            else []
+        )
+        dc = self.v.get("drops")
+        unrowed = sum(
+            float(dc.evidence.get(k) or 0) for k in ("queued_at_end", "in_flight_at_end")
+        ) if dc is not None else 0.0  # fmt: skip
+        n = t.size + float(dropped.sum()) + unrowed
+        title = f"Frame rate (fps): {int(ok.sum())} frames completed of {n:.0f} captured"
+        if unrowed:
+            title += f" ({unrowed:.0f} queued or in flight at the end: no capture time drawn)"
+        return self.chart(series, "fps", title, "fps", hl)
+
+    def gen_fps(self) -> str:
+        """A generator's output rate: the frames it emitted per window, against
+        ``criteria.content_fps`` where set."""
+        done = self.data.emissions["t_emit"]
         width = max(self.pw, 1.0)
         c, n, _ = _binned(done, None, width, self.x_range[1])
         ends = (np.arange(c.size) + 1) * width
         full = ends <= float(np.nanmax(done)) + 1e-9  # a last partial window reads low
-        what = "frames out" if gen else "frames done"
         series = [
-            Series(f"{what} per {width:.3g} s", c[full], n[full] / width, color=_color("fps"))
+            Series(f"frames out per {width:.3g} s", c[full], n[full] / width, color=_color("fps"))
         ]
-        target = self.data.meta.setting("criteria", "content_fps") if gen else self.data.meta.fps
-        label = "content_fps" if gen else "target"
+        target = self.data.meta.setting("criteria", "content_fps")
         hl = (
-            [HLine(float(target), f"{label} {target:g} fps", color="#7f7f7f")]
+            [HLine(float(target), f"content_fps {target:g} fps", color="#7f7f7f")]
             if isinstance(target, int | float) and target
             else []
         )
-        title = (
-            "Achieved frame rate (output frames per second)"
-            if gen
-            else ("Achieved frame rate (fps)")
-        )
+        title = "Achieved frame rate (output frames per second)"
         return self.chart(series, "fps", title, "fps", hl)
 
 
@@ -711,6 +775,7 @@ def render_html(data: RunData, verdict: Verdict) -> str:
         "<table><tr><th>criterion</th><th>status</th><th>value</th><th>threshold</th>"
         f"<th>unit</th><th>detail</th></tr>{''.join(rows)}</table>"
         f"<ul>{notes}</ul>{numbers_html(summarize(data, verdict))}<h2>Timeline</h2>"
+        + f'<p class="note" id="clock">{escape(CLOCK_NOTE)}</p>'
         + _streams_note(p.streams)
         + "".join(f'<div class="panel">{s}</div>' for s in panels if s)
         + f'<p class="note">generated by soakd {__version__}</p></body></html>\n'

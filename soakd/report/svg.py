@@ -301,12 +301,14 @@ def line_chart(
     colors = [s.color or PALETTE[i % len(PALETTE)] for i, s in enumerate(series)]
     items = _legend_items(prepared, colors, width - left - right - 8) if legend else []
     rows = max((it.row for it in items), default=-1) + 1
-    top = (26 if title else 12) + _LEGEND_ROW * rows
+    heads = wrap_text(title, width - left - right, _TITLE_SIZE) if title else []
+    head = 12 + _TITLE_ROW * len(heads) if heads else 12
+    top = head + _LEGEND_ROW * rows
     box = _Box(left, top, width - left - right, height - (26 if title else 12) - bottom)
     height = int(top + box.h + bottom)
     sx, sy = _scales(prepared, box, hlines, vlines, x_range, y_range, y_zero, reach)
     clip = f"clip-{panel_id or id(series)}"
-    out = _frame(box, width, height, title, y_label, panel_id, clip)
+    out = _frame(box, width, height, title, heads, y_label, panel_id, clip)
     out += [_span(sp, sx, box) for sp in spans]
     out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label, x_ticks))
     out.append(f'<g clip-path="url(#{escape(clip)})">')
@@ -318,7 +320,7 @@ def line_chart(
     out += [_vline(v, sx, box) for v in vlines]
     out.append("</g>")
     if items:
-        out.append(_legend(items, left + 8, (26 if title else 12)))
+        out.append(_legend(items, left + 8, head))
     out.append("</svg>")
     return "".join(out)
 
@@ -398,9 +400,27 @@ def _scales(
     return sx, sy
 
 
+_TITLE_SIZE = 13.0  # px, bold
+_TITLE_ROW = 16  # px per title line
+
+
+def wrap_text(text: str, avail: float, size: float = 11.0) -> list[str]:
+    """``text`` in lines no wider than ``avail`` px at ``size`` px (``text_width``'s
+    estimate, bold counted 8 % wider), broken at spaces; a word wider than a line is a line
+    of its own."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        trial = f"{lines[-1]} {word}" if lines else word
+        if lines and text_width(trial, size) * 1.08 <= avail:
+            lines[-1] = trial
+        else:
+            lines.append(word)
+    return lines
+
+
 def _frame(
-    box: _Box, width: int, height: int, title: str | None, y_label: str,
-    panel_id: str | None, clip: str,
+    box: _Box, width: int, height: int, title: str | None, heads: Sequence[str],
+    y_label: str, panel_id: str | None, clip: str,
 ) -> list[str]:  # fmt: skip
     """The ``<svg>`` opening, its title, the plot area and the clip path of the data."""
     attrs = f' data-panel="{escape(panel_id)}"' if panel_id else ""
@@ -413,9 +433,10 @@ def _frame(
         f"<title>{label}</title>",
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#ffffff" stroke="#cccccc"/>',
     ]
-    if title:
+    for i, line in enumerate(heads):
         out.append(
-            f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>'
+            f'<text class="title" x="{left}" y="{16 + _TITLE_ROW * i}" font-size="13" '
+            f'font-weight="bold">{escape(line)}</text>'
         )
     out.append(
         f'<clipPath id="{escape(clip)}"><rect x="{left}" y="{top}" width="{pw}" '

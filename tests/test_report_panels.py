@@ -1,0 +1,83 @@
+"""The HTML report's panels agree with each other, checked in a real headless Chromium (the
+probe of tests/test_report_browser.py measures what the browser drew): one clock for every
+per-frame panel, captured and completed frame rates side by side, on a real run database
+judged by soakd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from soakd.analysis import judge_run
+from soakd.store import db as store
+from tests.conftest import make_run
+from tests.test_report_browser import _probe, _report
+from tests.test_report_browser import pytestmark as browser_marks
+
+pytestmark = browser_marks
+
+
+def _backlog_db(path: Path, *, duration_s: float = 30.0, fps: float = 20.0) -> str:
+    """A run whose model takes 100 ms a frame at 20 fps with an unbounded oldest-first queue:
+    each frame waits longer than the last, so it is taken (dispatched) ever later than it
+    was captured, and the frames captured in the second half are still queued at the end."""
+    conn = store.connect(path)
+    cfg = {"workload": {"kind": "synthetic", "device": "cpu"},
+           "run": {"warmup_s": 2.0, "max_queue": 4096, "consume": "oldest"}}  # fmt: skip
+    rid = make_run(conn, id="backlog", fps=fps, config=cfg, duration_s=duration_s)
+    rows, free, i = [], 0.0, 0
+    while True:
+        cap = i / fps
+        dispatch = max(cap, free)
+        free = dispatch + 0.1
+        if free > duration_s:
+            break
+        age = (dispatch - cap) * 1000
+        waiting = int(dispatch * fps) - i
+        rows.append((rid, i, cap, cap, dispatch, free, int(cap < 2.0), 1.0, 2.0, 95.0, 2.0,
+                     100.0, waiting, age))  # fmt: skip
+        i += 1
+    conn.executemany(
+        "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, t_dispatch, t_done, warmup,"
+        " grab_ms, pre_ms, infer_ms, decode_ms, total_ms, queue_len, frame_age_ms)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
+    st = np.arange(0, duration_s, 0.2)
+    conn.executemany(
+        "INSERT INTO samples (run_id, seq, t, wall, rss_bytes, cpu_pct) VALUES (?,?,?,0,?,50)",
+        [(rid, k, float(v), 400 << 20) for k, v in enumerate(st)],
+    )
+    judge_run(conn, rid)
+    conn.close()
+    return rid
+
+
+def _right(p: dict[str, Any], name: str) -> float:
+    b = p["series"][name]["box"]
+    return float((b[0] + b[2] - p["plot"][0]) / p["plot"][2])  # share of the plot's width
+
+
+def test_a_backlog_runs_per_frame_panels_share_one_clock_and_say_so(tmp_path: Path) -> None:
+    """On a backlog run the stage, queue and frame-age panels end where the model stopped
+    working (the run's end, on the dispatch clock), not where the last processed frame was
+    captured (half-way); the page names the clock; the frame-rate panel draws the 20 fps
+    captured above the 10 fps completed."""
+    rid = _backlog_db(tmp_path / "soakd.db")
+    report = _report(tmp_path, rid)
+    doc = _probe(report, tmp_path)
+    age = _right(doc["frame_age"], "window median")
+    assert age > 0.9
+    for panel, name in (("stages", "total"), ("queue", "window median")):
+        assert abs(_right(doc[panel], name) - age) < 0.05, (panel, _right(doc[panel], name))
+    assert 'id="clock"' in report.read_text() and "dispatch" in report.read_text()
+    fps = doc["fps"]
+    (target,) = fps["hlines"]  # the 20 fps target
+    bottom = fps["plot"][1] + fps["plot"][3]
+    cap, done = fps["series"]["captured per 1 s"]["box"], fps["series"]["completed per 1 s"]["box"]
+    assert abs(cap[1] - target[1]) < 2  # captured reads 20 fps
+    px = (bottom - target[1]) / 20  # per fps
+    # completed reads 10 fps throughout, give or take a frame a window
+    assert done[1] >= bottom - 11.2 * px and done[1] + done[3] <= bottom - 8.8 * px
