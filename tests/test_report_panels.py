@@ -5,14 +5,16 @@ judged by soakd."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from soakd.analysis import judge_run
 from soakd.store import db as store
-from tests.conftest import make_run
+from tests.conftest import make_run, run_cli
 from tests.test_report_browser import _probe, _report
 from tests.test_report_browser import pytestmark as browser_marks
 
@@ -81,3 +83,57 @@ def test_a_backlog_runs_per_frame_panels_share_one_clock_and_say_so(tmp_path: Pa
     px = (bottom - target[1]) / 20  # per fps
     # completed reads 10 fps throughout, give or take a frame a window
     assert done[1] >= bottom - 11.2 * px and done[1] + done[3] <= bottom - 8.8 * px
+
+
+@pytest.fixture(scope="module")
+def failing_generator(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real generator soak whose content_fps (30) its 2 fps requests cannot meet."""
+    db = tmp_path_factory.mktemp("gen") / "soakd.db"
+    r = run_cli("run", "--no-live", "--db", str(db), "--duration", "8", "--fps", "2",
+                "--set", "workload.kind=generator", "--set", "criteria.content_fps=30",
+                "--set", "run.warmup_s=2", timeout=180)  # fmt: skip
+    assert r.returncode in (1, 3), r.stderr[-2000:]
+    return db
+
+
+def test_a_generators_failing_content_fps_is_drawn_as_judged(
+    failing_generator: Path, tmp_path: Path
+) -> None:
+    """The output-interval panel draws every interval content_fps judged (one mark each),
+    the period it may not pass and the judged p95 labelled with the verdict's own number."""
+    report = tmp_path / "g.html"
+    r = run_cli("report", "--latest", "--db", str(failing_generator), "-f", "html",
+                "-o", str(report))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    text = report.read_text()
+    doc = _probe(report, tmp_path)
+    p = doc["interval"]
+    (name,) = [k for k in p["series"] if k.startswith("judged by content_fps: ")]
+    n = int(name.split(": ")[1].split()[0])
+    assert n > 3 and p["series"][name]["len"] == n
+    r = run_cli("report", "--latest", "--db", str(failing_generator), "-f", "json")
+    cf = next(c for c in json.loads(r.stdout)["criteria"] if c["criterion"] == "content_fps")
+    assert cf["status"] == "fail" and cf["evidence"]["intervals"] == n
+    assert f"judged p95 {cf['value']:.4g} ms (FAIL)" in text
+    assert f"period {cf['threshold']:.4g} ms" in text and len(p["hlines"]) == 2
+
+
+def test_show_labels_only_the_verdicts_number_judged_and_lists_criteria_in_judging_order(
+    failing_generator: Path,
+) -> None:
+    """`soakd show` of the generator run prints the number content_fps judged beside the
+    whole-run intervals, never a whole-run p95 labelled "(judged)"; its criteria are listed
+    in the order the verdict judged them, as `run` and `gate` print them."""
+    show = run_cli("show", "--latest", "--db", str(failing_generator))
+    assert show.returncode == 0, show.stderr
+    r = run_cli("report", "--latest", "--db", str(failing_generator), "-f", "json")
+    rows = json.loads(r.stdout)["criteria"]
+    cf = next(c for c in rows if c["criterion"] == "content_fps")
+    lines = show.stdout.splitlines()
+    judged = [ln for ln in lines if "(judged)" in ln or ln.startswith("judged")]
+    assert judged and all(f"p95 {cf['value']:.4g}" in ln for ln in judged), judged
+    names = {c["criterion"] for c in rows}
+    statuses = ("PASS", "FAIL", "INVALID", "N/A")
+    cells = [ln.split() for ln in lines]
+    listed = [c[0] for c in cells if len(c) > 1 and c[0] in names and c[1] in statuses]
+    assert listed == [c["criterion"] for c in rows]

@@ -31,6 +31,7 @@ import numpy as np
 
 from soakd import __version__
 from soakd.analysis import stats
+from soakd.analysis.chunks import judged_intervals
 from soakd.analysis.criteria.drops import loss_rates
 from soakd.analysis.losses import running_total
 from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
@@ -415,6 +416,7 @@ class _Panels:
             title += ", window medians per stream"
         tol = (c.threshold or 0.0) / 60 if c else 0.0
         series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol)
+        series += self.judged_waits()
         return self.chart(
             series,
             name,
@@ -423,6 +425,25 @@ class _Panels:
             self.age_lines(c),
             x_label=_DISPATCH_AXIS,
         )
+
+    def judged_waits(self) -> list[Series]:
+        """A generator's judged content_fps intervals (each wait between visible updates, or
+        each frame's interval: ``criteria.generator_interval``), one mark each, as the
+        verdict judged them (after the warm-up); the p95 and the period are ``age_lines``."""
+        cf = self.v.get("content_fps")
+        if cf is None or cf.status not in (FAIL, PASS) or self.bounded:
+            return []
+        if not len(self.data.emissions.get("t_emit", ())):
+            return []
+        basis = str(cf.evidence.get("basis", "presentation"))
+        iv = judged_intervals(self.data, self.t0, basis)
+        if not iv.n:
+            return []
+        what = "waits between visible updates" if basis == "presentation" else "intervals"
+        return [
+            Series(f"judged by content_fps: {iv.n} {what}", iv.t, iv.ms, kind="points",
+                   color="#d62728" if cf.status == FAIL else "#2ca02c"),
+        ]  # fmt: skip
 
     def age_lines(self, c: CriterionResult | None) -> list[HLine]:
         """The frame-age p95 ceiling (with the run's p95) and, for a generator with
@@ -440,14 +461,16 @@ class _Panels:
             )
         cf = self.v.get("content_fps")
         if cf is not None and cf.threshold and cf.status in (FAIL, PASS):
-            p95 = cf.value
-            seen = f" (p95 {p95:.3g} ms)" if p95 is not None else ""
             fps = cf.evidence.get("content_fps")
             hl.append(
-                HLine(
-                    float(cf.threshold), f"content_fps {fps:g}: period {cf.threshold:.4g} ms{seen}"
-                )
+                HLine(float(cf.threshold), f"content_fps {fps:g}: period {cf.threshold:.4g} ms")
             )
+            if cf.value is not None:  # the number the verdict judged, where it lies
+                color = "#d62728" if cf.status == FAIL else "#2ca02c"
+                hl.append(
+                    HLine(float(cf.value), f"judged p95 {cf.value:.4g} ms ({cf.status.upper()})",
+                          color=color, dash="2 2")
+                )  # fmt: skip
         return hl
 
     def drops(self) -> str:
