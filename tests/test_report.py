@@ -16,7 +16,15 @@ import pytest
 from soakd.analysis import evaluate, judge_run
 from soakd.analysis.model import RunData, Verdict
 from soakd.report import render
-from soakd.report.svg import HLine, Series, VLine, decimate, line_chart, nice_ticks
+from soakd.report.svg import (
+    HLine,
+    Series,
+    VLine,
+    decimate,
+    line_chart,
+    nice_ticks,
+    text_width,
+)
 from soakd.store import db as store
 from tests.conftest import make_run, soakd_cmd
 
@@ -174,7 +182,8 @@ def test_line_chart_draws_series_thresholds_and_gaps() -> None:
 
 def test_vertical_markers_carry_a_visible_text_label() -> None:
     """A labelled VLine draws its label as text next to the line (not only as a tooltip),
-    shortened when long; an unlabelled one draws no text."""
+    shortened to what the plot's height holds when long; an unlabelled one draws no
+    text."""
     svg = line_chart(
         [Series("a", [0, 1], [0, 1])],
         vlines=[VLine(0.5, "error: " + "x" * 60), VLine(0.7)],
@@ -182,7 +191,9 @@ def test_vertical_markers_carry_a_visible_text_label() -> None:
     ns = "{http://www.w3.org/2000/svg}"
     labels = [t for t in ET.fromstring(svg).iter(f"{ns}text") if t.get("class") == "vlabel"]
     assert len(labels) == 1
-    assert (labels[0].text or "").startswith("error: x") and len(labels[0].text or "") <= 24
+    text = labels[0].text or ""
+    assert text.startswith("error: x") and text.endswith("…") and len(text) < 60
+    assert text_width(text, 10.0) <= 220 - 12 - 36 - 8  # the plot area's height
 
 
 def test_html_fps_panel_counts_frames_done_per_window(leaky_db: Path) -> None:

@@ -137,3 +137,75 @@ def test_show_labels_only_the_verdicts_number_judged_and_lists_criteria_in_judgi
     cells = [ln.split() for ln in lines]
     listed = [c[0] for c in cells if len(c) > 1 and c[0] in names and c[1] in statuses]
     assert listed == [c["criterion"] for c in rows]
+
+
+def _auto_db(path: Path, looks: list[tuple[float, list[list[Any]]]], decided: float | None) -> str:
+    """A 30 s run (10 fps, healthy) of ``run.duration = "auto"`` with the given look events
+    (each look's standings rows: criterion, state, detectable, tolerance, unit, why) and,
+    when ``decided`` is set, the decided event at that time."""
+    conn = store.connect(path)
+    cfg = {"workload": {"kind": "synthetic", "device": "cpu"},
+           "run": {"warmup_s": 2.0, "duration": "auto"}}  # fmt: skip
+    rid = make_run(conn, id="auto", fps=10, config=cfg, duration_s=30.0)
+    conn.executemany(
+        "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, warmup, infer_ms, total_ms,"
+        " frame_age_ms) VALUES (?,?,?,?,?,20,25,3)",
+        [(rid, i, i / 10, i / 10, int(i < 20)) for i in range(300)],
+    )
+    conn.executemany(
+        "INSERT INTO events (run_id, t, wall, kind, message, data) VALUES (?,?,0,'look',?,?)",
+        [(rid, t, "look", json.dumps({"criteria": rows})) for t, rows in looks],
+    )
+    if decided is not None:
+        conn.execute(
+            "INSERT INTO events (run_id, t, wall, kind, message) VALUES "
+            "(?, ?, 0, 'decided', 'decided: every criterion decided')",
+            (rid, decided),
+        )
+    judge_run(conn, rid)
+    conn.close()
+    return rid
+
+
+def test_the_convergence_panel_of_a_run_decided_at_its_second_look(tmp_path: Path) -> None:
+    """Decided at its second look: each trend is drawn (one seen at a single look as a mark,
+    not an empty path), frame age at 0 x tolerance throughout is not drawn as a flat line
+    but named under the panel with why, and the 'decided' marker's label is whole."""
+
+    def row(name: str, ratio: float | None, state: str = "decided") -> list[Any]:
+        return [name, state, None if ratio is None else ratio * 1.5, 1.5, "MB/min", ""]
+
+    looks = [
+        (10.0, [row("memory_rss", 3.0, "undecided"), row("memory_gpu", None, "undecided"),
+                ["frame_age", "decided", 0.0, 50.0, "ms/min", ""]]),
+        (20.0, [row("memory_rss", 0.8), row("memory_gpu", 0.6),
+                ["frame_age", "decided", 0.0, 50.0, "ms/min", ""]]),
+    ]  # fmt: skip
+    rid = _auto_db(tmp_path / "soakd.db", looks, decided=20.0)
+    report = _report(tmp_path, rid)
+    p = _probe(report, tmp_path)["convergence"]
+    assert set(p["series"]) == {"memory_rss", "memory_gpu"}
+    assert all(s["len"] > 0 for s in p["series"].values()), p["series"]
+    assert [v["label"] for v in p["vlines"]] == ["decided"]
+    note = report.read_text().split('id="convergence-note">')[1].split("</p>")[0]
+    assert note.startswith("frame_age: 0 x tolerance at every look")
+    assert "every criterion decided at the last look (20 s)" in note
+
+
+def test_the_convergence_panel_says_why_a_run_went_on_with_every_trend_under_1(
+    tmp_path: Path,
+) -> None:
+    """Every trend under 1 at the last look while another criterion was still undecided:
+    the note names it and why (its words once, never "undecided (undecided)")."""
+    looks = [
+        (10.0, [["memory_rss", "decided", 0.6, 1.5, "MB/min", ""],
+                ["drops", "undecided", None, None, None, "too short to judge"],
+                ["jitter", "undecided", None, None, None, "undecided"]]),
+    ]  # fmt: skip
+    rid = _auto_db(tmp_path / "soakd.db", looks, decided=None)
+    text = _report(tmp_path, rid).read_text()
+    note = text.split('id="convergence-note">')[1].split("</p>")[0]
+    assert note == (
+        "at the last look (10 s) the run still waited on: drops undecided (too short to "
+        "judge); jitter undecided."
+    )

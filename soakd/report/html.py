@@ -36,7 +36,7 @@ from soakd.analysis.criteria.drops import loss_rates
 from soakd.analysis.losses import running_total
 from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
 from soakd.analysis.streams import streams_of
-from soakd.records import LOOK_EVENT, STAGE_COLUMNS, standings
+from soakd.records import DECIDED, LOOK_EVENT, STAGE_COLUMNS, standings
 from soakd.report.html_numbers import numbers_html
 from soakd.report.summary import summarize
 from soakd.report.svg import PALETTE, HLine, Series, Span, VLine, line_chart
@@ -261,31 +261,73 @@ class _Panels:
 
     def convergence(self) -> str:
         """A ``run.duration = "auto"`` run: at each look, each trend's smallest detectable
-        slope over its tolerance. The run could stop once every line was under 1 (and the
-        rest decided); "" for a run of fixed length."""
+        slope over its tolerance (a trend seen at one look only is a mark). The run could
+        stop once every line was under 1 and the rest decided; a note below names the
+        trends at 0 at every look (not drawn: their windows did not vary, so any growth
+        would have been seen) and, at the last look, the criteria the run still waited
+        on and why. "" for a run of fixed length."""
+        looks = [
+            (float(e["t"]), standings(e.get("data")))
+            for e in self.data.events
+            if e.get("kind") == LOOK_EVENT and e.get("t") is not None
+        ]
         seen: dict[str, tuple[list[float], list[float]]] = {}
-        for e in self.data.events:
-            if e.get("kind") != LOOK_EVENT or e.get("t") is None:
-                continue
-            for st in standings(e.get("data")):
+        for t, stands in looks:
+            for st in stands:
                 if st.tolerance:
-                    t, ratio = seen.setdefault(st.criterion, ([], []))
-                    t.append(float(e["t"]))
+                    ts, ratio = seen.setdefault(st.criterion, ([], []))
+                    ts.append(t)
                     ratio.append(
                         math.nan if st.detectable is None else st.detectable / st.tolerance
                     )
+        flat = [n for n, (_, r) in seen.items() if np.isfinite(r).any() and np.nanmax(r) == 0]
         series = [  # the trends (a criterion with no detectable slope is not one)
-            Series(name, np.asarray(t), np.asarray(r), color=_color(name))
+            Series(name, np.asarray(t), np.asarray(r), color=_color(name), markers=True,
+                   kind="points" if np.isfinite(r).sum() == 1 else "line")
             for name, (t, r) in seen.items()
-            if np.isfinite(r).any()
-        ]
-        if not series:
+            if np.isfinite(r).any() and name not in flat
+        ]  # fmt: skip
+        if not series and not flat:
             return ""
         finite = [v for _, r in seen.values() for v in r if math.isfinite(v)]
         top = min(max([2.0, *finite]), 5.0)  # a first look's 40 x would flatten the rest
         title = "Convergence (duration = auto): smallest detectable slope / tolerance, by look"
-        line = HLine(1.0, "decided below 1", color="#2ca02c")
-        return self.chart(series, "convergence", title, "x tolerance", [line], True, (0.0, top))
+        line = HLine(1.0, "decided below 1", color="#2ca02c", anchor="start")
+        vlines = [
+            VLine(v.x, "decided", color=v.color, dash=v.dash) if v.label.startswith("decided")
+            else v for v in self.vlines
+        ]  # fmt: skip
+        svg = line_chart(
+            series, x_label="time since start (s)", y_label="x tolerance", title=title,
+            x_range=self.x_range, spans=self.spans, vlines=vlines, hlines=[line],
+            panel_id="convergence", y_zero=True, y_range=(0.0, top),
+        )  # fmt: skip
+        return svg + self.convergence_note(looks, flat)
+
+    @staticmethod
+    def convergence_note(looks: list[tuple[float, list[Any]]], flat: list[str]) -> str:
+        """Below the convergence panel: the trends at 0 at every look, and what the last
+        look still waited on (why the run went on, or why it ended undecided)."""
+        parts = []
+        if flat:
+            parts.append(
+                f"{', '.join(flat)}: 0 x tolerance at every look (its windows did not vary, "
+                "so any growth would have been seen); not drawn"
+            )
+        if looks:
+            t, stands = looks[-1]
+            waiting = [st for st in stands if st.state != DECIDED]
+            if waiting:
+                why = "; ".join(
+                    f"{st.criterion} {st.state}"
+                    + (f" ({st.why})" if st.why and st.why != st.state else "")
+                    for st in waiting
+                )
+                parts.append(f"at the last look ({t:.0f} s) the run still waited on: {why}")
+            else:
+                parts.append(f"every criterion decided at the last look ({t:.0f} s)")
+        text = "; ".join(parts)
+        return f'<p class="note" id="convergence-note">{escape(text)}.</p>' if text else ""
 
     def streamed(self, panel: str, title: str) -> str:
         """The note standing for a per-frame panel of a run judged on the bounded path."""

@@ -76,6 +76,8 @@ class HLine:
     label: str = ""
     color: str = "#d62728"
     dash: str | None = "6 4"
+    #: where the label sits: at the plot's right end ("end") or its left ("start")
+    anchor: Literal["start", "end"] = "end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,8 +470,9 @@ def _hline(h: HLine, sy: _Scale, box: _Box) -> str:
         return line
     # above the line, or below it when that would leave the plot area
     ty = yy - 3 if yy - 3 >= box.top + 11 else yy + 12
+    tx = box.left + box.w - 4 if h.anchor == "end" else box.left + 4
     return line + (
-        f'<text class="hlabel" x="{box.left + box.w - 4}" y="{ty:.1f}" text-anchor="end" '
+        f'<text class="hlabel" x="{tx}" y="{ty:.1f}" text-anchor="{h.anchor}" '
         f'fill="{h.color}" stroke="#ffffff" stroke-width="3" paint-order="stroke">'
         f"{escape(h.label)}</text>"
     )
@@ -490,7 +493,12 @@ def _vline(v: VLine, sx: _Scale, box: _Box) -> str:
     )
     if not v.label:
         return line
-    short = v.label if len(v.label) <= 24 else v.label[:23] + "…"
+    short = v.label  # as much as the plot's height holds (the whole text is the tooltip)
+    if text_width(short, 10.0) > box.h - 8:
+        n = len(short)
+        while n > 8 and text_width(short[:n] + "…", 10.0) > box.h - 8:
+            n -= 1
+        short = short[:n].rstrip() + "…"
     # the label runs down the inside of the line, from the top of the plot area
     return line + (
         f'<text class="vlabel" x="{xx + 3:.1f}" y="{box.top + 4}" fill="{v.color}" '
