@@ -152,7 +152,7 @@ def _trend_lines(
             width=1.2,
         ),
         Series(
-            f"tolerance +{per_min:.3g}/min",
+            f"tolerance +{per_min:.3g}/min (a slope from the trend's start, not a level)",
             xs,
             tol,
             color=SERIES_COLORS["tolerance"],
@@ -187,11 +187,21 @@ def _failed(verdict: Verdict, name: str) -> CriterionResult | None:
     return c if c is not None and c.status == FAIL else None
 
 
-def _worst(rows: list[dict[str, Any]], key: str) -> int | None:
-    """The stream whose ``key`` (a streams-evidence field) is largest; None when none has
-    one."""
-    vals = [(float(r[key]), int(r["stream"])) for r in rows if r.get(key) is not None]
-    return max(vals)[1] if vals else None
+_RANK = {"INVALID": 0, "FAIL": 1, "PASS": 2}
+
+
+def _worst_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run of several streams: the worst one (INVALID, then FAIL, then the most frames
+    lost); None for one stream."""
+    if len(rows) < 2:
+        return None
+    return min(rows, key=lambda r: (_RANK.get(r["status"], 0), -(r.get("loss_fraction") or 0)))
+
+
+def worst_stream(rows: list[dict[str, Any]]) -> int | None:
+    """The stream every panel and the note name as the worst (``_worst_row``)."""
+    w = _worst_row(rows)
+    return None if w is None else int(w["stream"])
 
 
 class _Panels:
@@ -223,6 +233,8 @@ class _Panels:
         )
         #: each stream's result (``run.streams`` > 1), from the ``streams`` criterion
         self.streams = [] if self.bounded else streams_of(verdict)
+        #: the one stream every panel and the note name as the worst (``worst_stream``)
+        self.worst = worst_stream(self.streams)
         n = len(self.streams)
         # the all-streams view keeps each row's frame id, k x N + s: its stream is id mod N
         self.stream_ids = (
@@ -337,8 +349,9 @@ class _Panels:
         )
 
     def per_stream(self, t: np.ndarray, y: np.ndarray, width: float, what: str) -> list[Series]:
-        """Window medians of ``y`` (ms) for each stream (rows the caller masked out are NaN);
-        the worst stream (largest p95) drawn thicker and named in its label."""
+        """Window medians of ``y`` (ms) for each stream (rows the caller masked out are NaN),
+        each labelled with its p95; the run's worst stream (``worst_stream``, the one the
+        note names) drawn thicker and named so."""
         assert self.stream_ids is not None
         found = []
         for s in range(len(self.streams)):
@@ -346,11 +359,11 @@ class _Panels:
             if own.any():
                 p95 = float(np.percentile(y[own], 95))
                 found.append((s, p95, stats.window_reduce(t[own], y[own], width, t0=0.0)))
-        worst = max(found, key=lambda f: f[1])[0] if len(found) > 1 else None
+        worst = self.worst if len(found) > 1 else None
         out = []
         for s, p95, w in found:
             has = w.nonempty()
-            name = f"{what} stream {s}" + (f" (worst: p95 {p95:.3g} ms)" if s == worst else "")
+            name = f"{what} stream {s} (p95 {p95:.3g} ms" + (", worst)" if s == worst else ")")
             thick = 2.4 if s == worst else 1.2
             out.append(Series(name, w.t[has], w.median[has], color=_stream_color(s), width=thick))
         return out
@@ -409,7 +422,8 @@ class _Panels:
             f"jitter: k x median = {k:g} x {med:.3g} = {cut:.3g} ms",
             color=SERIES_COLORS["tolerance"],
         )
-        label = f"{name} over k x median ({int(over.sum())} frames)"
+        n = c.evidence.get("exceed_count")  # the verdict's own count of them
+        label = f"{name} over k x median ({int(n if n is not None else over.sum())} frames)"
         t = self.t_dispatch
         return [Series(label, t[over], y[over], color="#d62728", kind="points")], [line]
 
@@ -539,8 +553,9 @@ class _Panels:
         title = "Dropped + stale frames, % per window"
         if self.stream_ids is not None and w is not None and c is not None:
             series += self.stream_losses(float(c.evidence.get("window_s") or w.width_s))
-            worst = _worst(self.streams, "loss_fraction")
-            title += f", per stream (worst: stream {worst})" if worst is not None else ""
+            title += ", per stream" + (
+                f" (worst: stream {self.worst})" if self.worst is not None else ""
+            )
         hl = (
             [HLine(c.threshold * 100, f"max_drop_fraction {c.threshold:.3g}")]
             if (c and c.threshold)
@@ -748,15 +763,12 @@ class _Panels:
         return self.chart(series, "fps", title, "fps", hl)
 
 
-_RANK = {"INVALID": 0, "FAIL": 1, "PASS": 2}
-
-
 def _streams_note(rows: list[dict[str, Any]]) -> str:
-    """A run of several streams: the worst one (INVALID, then FAIL, then the most frames
-    lost) and why, above the panels that draw a line per stream."""
-    if len(rows) < 2:
+    """A run of several streams: the worst one (``_worst_row``) and why, above the panels
+    that draw a line per stream."""
+    worst = _worst_row(rows)
+    if worst is None:
         return ""
-    worst = min(rows, key=lambda r: (_RANK.get(r["status"], 0), -(r.get("loss_fraction") or 0)))
     why = ", ".join(worst.get("failed", []) + worst.get("invalid", [])) or "passed"
     return (
         f'<p class="note" id="streams-note"><b>{len(rows)} streams</b>; the latency, frame '
