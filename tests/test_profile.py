@@ -258,3 +258,67 @@ def test_a_run_stored_before_workloads_said_builtin_is_judged_by_its_config() ->
                           ("av", True), ("hf", False), ("synthetic", False)):  # fmt: skip
         assert random_weights({}, {"workload": {"kind": kind}}) is builtin, kind
     assert not random_weights({}, {"workload": {"kind": "session", "model_path": "/m"}})
+
+
+def test_a_profile_whose_run_stalled_exits_3_and_recommends_no_rate(tmp_path: Path) -> None:
+    """A profile whose run ended aborted (its workload stalled) exits 3, names how it ended
+    and recommends no --fps it cannot stand behind, in JSON and Markdown."""
+    args = ("profile", "--frames", "20", "--db", str(tmp_path / "p.db"),
+            "--set", "workload.kind=synthetic", "--set", "workload.infer_ms=50",
+            "--set", "workload.stall_after_s=0.3", "--set", "run.stall_timeout_s=1")  # fmt: skip
+    r = run_cli(*args, "-f", "json")
+    assert r.returncode == 3, r.stderr
+    d = json.loads(r.stdout)
+    assert d["status"] == "aborted" and d["reason"] == "stalled"
+    assert d["recommended_fps"] is None and d["fps_flag"] is None
+    assert any("no rate is recommended" in n for n in d["notes"])
+    md = run_cli(*args, "-f", "md")
+    assert md.returncode == 3
+    assert "--fps" not in md.stdout and "recommended rate: none" in md.stdout
+
+
+def _stored_profile(tmp_path: Path, host_cpu_pct: float, workload: dict[str, Any]) -> str:
+    """A stored profile run (2 CPUs) of 10 frames, its samples' host CPU at
+    ``host_cpu_pct`` and soakd's own CPU at 40 % of one CPU."""
+    db = tmp_path / f"h{host_cpu_pct:.0f}.db"
+    conn = store.connect(db)
+    rid = make_run(conn, mode="profile", config={"workload": workload},
+                   environment={"cpu_count": 2}, workload_kind=workload["kind"])  # fmt: skip
+    conn.executemany(
+        "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, warmup, infer_ms, total_ms)"
+        " VALUES (?,?,?,?,0,20,25)",
+        [(rid, i, i * 0.03, i * 0.03) for i in range(10)],
+    )
+    conn.executemany(
+        "INSERT INTO samples (run_id, seq, t, wall, cpu_pct, host_cpu_pct, host_load1) "
+        "VALUES (?,?,?,0,40,?,?)",
+        [(rid, i, i * 0.1, host_cpu_pct, host_cpu_pct / 25) for i in range(5)],
+    )
+    conn.commit()
+    return rid
+
+
+def test_a_profile_measured_beside_busy_cpus_says_so_and_a_quiet_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """Other processes holding the host's CPUs (host 95 % less soakd's 20 %) mark the
+    profile as measured under contention (host, a note); a quiet host (30 %) is reported
+    but not marked. A served profile holds max_tokens fixed, and an unset value reads
+    'unset', never Python's None."""
+    served = {"kind": "openai", "prompt": "p", "system_prompt": None, "max_tokens": 32,
+              "temperature": 0.0}  # fmt: skip
+    busy = _stored_profile(tmp_path, 95.0, served)
+    conn = store.connect(tmp_path / "h95.db")
+    r = profile_from_db(conn, busy)
+    assert r.host is not None and r.host.contended and r.host.others_pct == pytest.approx(75)
+    assert r.to_dict()["host"] == {"others_cpu_pct": 75.0, "load1": 3.8, "cpus": 2,
+                                   "contended": True}  # fmt: skip
+    assert any(n.startswith("host busy: other processes kept 75 % of the host's 2 CPUs")
+               for n in r.notes)  # fmt: skip
+    held = next(n for n in r.notes if n.startswith("held fixed"))
+    assert "max_tokens=32" in held and "system_prompt=unset" in held and "None" not in held
+    quiet = _stored_profile(tmp_path, 30.0, {"kind": "synthetic"})
+    q = profile_from_db(store.connect(tmp_path / "h30.db"), quiet)
+    assert q.host is not None and not q.host.contended
+    assert not any(n.startswith("host busy") for n in q.notes)
+    assert "host: other processes kept 10 %" in q.to_markdown()

@@ -16,7 +16,15 @@ import pytest
 from soakd.analysis import evaluate, judge_run
 from soakd.analysis.model import RunData, Verdict
 from soakd.report import render
-from soakd.report.svg import HLine, Series, VLine, decimate, line_chart, nice_ticks
+from soakd.report.svg import (
+    HLine,
+    Series,
+    VLine,
+    decimate,
+    line_chart,
+    nice_ticks,
+    text_width,
+)
 from soakd.store import db as store
 from tests.conftest import make_run, soakd_cmd
 
@@ -174,7 +182,8 @@ def test_line_chart_draws_series_thresholds_and_gaps() -> None:
 
 def test_vertical_markers_carry_a_visible_text_label() -> None:
     """A labelled VLine draws its label as text next to the line (not only as a tooltip),
-    shortened when long; an unlabelled one draws no text."""
+    shortened to what the plot's height holds when long; an unlabelled one draws no
+    text."""
     svg = line_chart(
         [Series("a", [0, 1], [0, 1])],
         vlines=[VLine(0.5, "error: " + "x" * 60), VLine(0.7)],
@@ -182,12 +191,16 @@ def test_vertical_markers_carry_a_visible_text_label() -> None:
     ns = "{http://www.w3.org/2000/svg}"
     labels = [t for t in ET.fromstring(svg).iter(f"{ns}text") if t.get("class") == "vlabel"]
     assert len(labels) == 1
-    assert (labels[0].text or "").startswith("error: x") and len(labels[0].text or "") <= 24
+    text = labels[0].text or ""
+    assert text.startswith("error: x") and text.endswith("…") and len(text) < 60
+    assert text_width(text, 10.0) <= 220 - 12 - 36 - 8  # the plot area's height
 
 
 def test_html_fps_panel_counts_frames_done_per_window(leaky_db: Path) -> None:
-    """The achieved-fps panel of a 10 fps run draws windows that read 10 fps (frames done
-    per window divided by its width), with the 10 fps target as a threshold line."""
+    """The frame-rate panel of a 10 fps run draws the frames captured and the frames
+    completed per window, both reading 10 fps (count divided by the window's width) with
+    the 10 fps target as a threshold line, but for the window of its one error frame,
+    which completed 9."""
     data, v = _load(leaky_db)
     html = render("html", data, v)
     svg = html[html.index('data-panel="fps"') - 200 :]
@@ -195,10 +208,15 @@ def test_html_fps_panel_counts_frames_done_per_window(leaky_db: Path) -> None:
     assert "target 10 fps" in svg
     ns = "{http://www.w3.org/2000/svg}"
     root = ET.fromstring(svg)
-    (path,) = [p for p in root.iter(f"{ns}path") if p.get("class") == "series"]
+    paths = {p.get("data-series"): p for p in root.iter(f"{ns}path") if p.get("class") == "series"}
+    assert set(paths) == {"captured per 1 s", "completed per 1 s"}
     (hline,) = [ln for ln in root.iter(f"{ns}line") if ln.get("class") == "hline"]
-    ys = {float(y) for y in re.findall(r"[ML][\d.]+,([\d.]+)", path.get("d", ""))}
-    assert ys == {float(hline.get("y1", "nan"))}
+    target = float(hline.get("y1", "nan"))
+    ys = {k: [float(y) for y in re.findall(r"[ML][\d.]+,([\d.]+)", p.get("d", ""))]
+          for k, p in paths.items()}  # fmt: skip
+    assert set(ys["captured per 1 s"]) == {target}
+    low = [y for y in ys["completed per 1 s"] if y != target]
+    assert len(low) == 1 and low[0] > target
 
 
 def test_decimate_keeps_extremes_and_bounds_points() -> None:
@@ -599,10 +617,11 @@ def test_a_two_stream_run_draws_a_line_per_stream_and_names_the_worst(tmp_path: 
     html = render("html", data, v)
     assert "Worst: <b>stream 1</b>" in html
     stages = _series(_panel(html, "stages"))
-    assert "total stream 0" in stages
-    assert any(n.startswith("total stream 1 (worst: p95") for n in stages), sorted(stages)
+    assert any(re.fullmatch(r"total stream 0 \(p95 [\d.]+ ms\)", n) for n in stages)
+    assert any(re.fullmatch(r"total stream 1 \(p95 [\d.]+ ms, worst\)", n) for n in stages)
     age = _series(_panel(html, "frame_age"))
-    assert any(n.startswith("median stream 1 (worst") for n in age) and "median stream 0" in age
+    assert any(n.startswith("median stream 1 (p95") and n.endswith(", worst)") for n in age)
+    assert any(n.startswith("median stream 0 (p95") and "worst" not in n for n in age)
     drops = _panel(html, "drops")
     assert "worst: stream 1" in "".join(drops.itertext())
     series = _series(drops)
@@ -613,6 +632,22 @@ def test_a_two_stream_run_draws_a_line_per_stream_and_names_the_worst(tmp_path: 
     ys0, ys1 = [y for _, y in _points(s0)], [y for _, y in _points(s1)]
     zero = max(ys0)  # stream 0 loses nothing: its line lies on 0 %
     assert min(ys0) == zero and np.median(ys1) < zero - (y1 - y0) / 10
+
+
+def test_a_two_stream_report_names_one_worst_stream_everywhere(tmp_path: Path) -> None:
+    """Stream 1 FAILs (it loses a tenth of its frames) while stream 0's frame age has the
+    larger p95: the note, the stage, frame-age and drop panels all name stream 1 the worst,
+    none stream 0."""
+    cols = _two_streams()
+    cols["frame_age_ms"] = np.where(cols["stream"] == 0, 6 * cols["frame_age_ms"],
+                                    cols["frame_age_ms"])  # fmt: skip
+    data, v = _stored(tmp_path, cols, run={"streams": 2}, fps=10.0)
+    html = render("html", data, v)
+    assert "Worst: <b>stream 1</b>" in html
+    named = [n for panel in ("stages", "frame_age") for n in _series(_panel(html, panel))
+             if "worst" in n]  # fmt: skip
+    assert len(named) == 2 and all(" stream 1 " in n for n in named), named
+    assert "worst: stream 1" in "".join(_panel(html, "drops").itertext())
 
 
 def test_a_generators_achieved_rate_counts_its_frames_not_its_requests(tmp_path: Path) -> None:
@@ -670,3 +705,23 @@ def test_many_events_of_a_kind_are_ticks_not_lines_that_hide_the_data(leaky_db: 
                if e.get("class") == "vtick")  # fmt: skip
     (label,) = [t.text for t in svg.iter(f"{NS}text") if t.get("class") == "vlabel"]
     assert (label or "").startswith("error x40")
+
+
+def test_a_run_killed_before_its_first_frame_still_gets_every_report(tmp_path: Path) -> None:
+    """A run with no frame rows (killed 0.2 s after it started) is reported in every format,
+    the HTML one saying its frame rate panel has no frames, never a Traceback (exit 4)."""
+    db = tmp_path / "r.db"
+    conn = store.connect(db)
+    cfg = {"workload": {"kind": "synthetic", "device": "cpu"}}
+    make_run(conn, id="killed", fps=10, config=cfg, duration_s=0.2, status="aborted",
+             reason="killed")  # fmt: skip
+    conn.commit()
+    for fmt in ("html", "md", "json", "junit"):
+        out = tmp_path / f"r.{fmt}"
+        p = subprocess.run(
+            soakd_cmd("report", "killed", "--db", str(db), "-f", fmt, "-o", str(out)),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert p.returncode == 0, (fmt, p.stderr)
+        assert "Traceback" not in p.stderr
+    assert "Achieved frame rate: no frames" in (tmp_path / "r.html").read_text()

@@ -129,13 +129,15 @@ def test_markdown_numbers_section_has_stage_percentiles_fps_counts_env_config(
     numbers_db: Path,
 ) -> None:
     """Markdown's Numbers section: the infer row shows numpy's p50/p95/p99/max, then fps
-    achieved vs target, counts, environment and the config in a collapsed block."""
+    achieved vs target, counts (labelled as the whole run's, in the verdict's words:
+    "dropped"), environment and the config in a collapsed block."""
     md = render("md", *_load(numbers_db, "healthy"))
     want = _expect(numbers_db, "infer_ms")
     cells = [c.strip() for c in _row(md, r"\n\| infer \| (.*) \|\n")]
     assert cells[:5] == ["580", *(f"{want[k]:.4g}" for k in ("p50", "p95", "p99", "max"))]
     numbers = md.split("### Numbers", 1)[1]
-    assert "vs 10 target" in numbers and "3 drops, 1 stale, 1 errors" in numbers
+    assert "vs 10 target" in numbers and "3 dropped, 1 stale, 1 errors" in numbers
+    assert "**Counts** (the whole run, warm-up included; the verdict counts after it)" in numbers
     assert "**Environment:** GPU NVIDIA H200" in numbers
     assert "<details><summary>Config</summary>" in numbers and '"warmup_s": 2.0' in numbers
 
@@ -150,7 +152,8 @@ def test_html_numbers_section_sits_above_the_panels(numbers_db: Path) -> None:
     cells = re.findall(r"<td>(.*?)</td>", m.group(1))
     assert cells[1:6] == ["580", *(f"{want[k]:.4g}" for k in ("p50", "p95", "p99", "max"))]
     assert page.index('id="numbers"') < page.index("<h2>Timeline</h2>")
-    assert "3 drops" in page and "NVIDIA H200" in page and "&quot;warmup_s&quot;: 2.0" in page
+    assert "3 dropped" in page and "NVIDIA H200" in page and "&quot;warmup_s&quot;: 2.0" in page
+    assert "<b>Counts</b> (the whole run, warm-up included; the verdict counts after it)" in page
 
 
 def test_show_prints_p99_per_stage(numbers_db: Path) -> None:

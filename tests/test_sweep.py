@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -352,4 +353,43 @@ def test_a_peak_memory_dash_says_why(tmp_path: Path) -> None:
         cwd=REPO,
         timeout=120,
     ).stdout
-    assert "| 1 | ok |" in md and "Note: peak RSS and GPU – at workload.infer_ms=1:" in md
+    assert re.search(r"\| 1 \| ok( \(host busy\))? \|", md)
+    assert "Note: peak RSS and GPU – at workload.infer_ms=1:" in md
+
+
+def test_a_sweep_beside_busy_cpus_flags_its_points_and_a_fall_beyond_noise(
+    tmp_path: Path,
+) -> None:
+    """A sweep run while two CPU spinners hold the host marks every point 'host busy' with a
+    note; a point cheaper than the smaller value before it by more than their spread is
+    flagged non-monotone and no knee or usable range is read from it. Its SVG marks each
+    point and has a tick at the first value."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "soakd", "sweep", "--vary", "workload.options.size=28,56,112",
+             "--frames", "8", "--db", str(tmp_path / "s.db"), "-f", "json",
+             "--plot", str(tmp_path / "s.svg"), "--set", 'workload.kind="python"',
+             "--set", 'workload.factory="tests.sweep_workloads:cheaper_when_larger"',
+             "--set", "workload.options.size=28"],
+            capture_output=True, text=True, cwd=REPO, timeout=180,
+        )  # fmt: skip
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert [p["host_busy"] for p in d["points"]] == [True, True, True]
+    assert all(p["host"]["others_cpu_pct"] >= 50 for p in d["points"])
+    assert d["non_monotone"] == [[28, 56]]
+    assert d["knee_index"] is None and d["usable_until"] is None
+    assert d["summary"].startswith("no knee read: total p50 at workload.options.size=56 is")
+    notes = d["notes"]
+    assert any(n.startswith("host busy at workload.options.size=28, 56, 112") for n in notes)
+    assert any(n.startswith("not monotone: total p50 at workload.options.size=56") for n in notes)
+    svg = (tmp_path / "s.svg").read_text()
+    marks = re.findall(r'<g class="markers" data-series="total p50"[^>]*>(.*?)</g>', svg)
+    assert len(marks) == 1 and marks[0].count("<circle") == 3
+    ticks = re.findall(r'<text x="[\d.]+" y="[\d.]+" text-anchor="middle">([^<]+)</text>', svg)
+    assert ticks[:3] == ["28", "56", "112"]

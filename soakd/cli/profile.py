@@ -84,7 +84,8 @@ def profile_cmd(
 ) -> None:
     """Run N frames back to back and print the stage table, the first frame apart, peak
     memory, the theoretical rate (1000 / median total) and a recommended --fps. Exit code:
-    0 measured, 2 usage/config error, 3 no frame finished after the first."""
+    0 measured, 2 usage/config error, 3 no frame finished after the first or the run did not
+    complete (stalled, aborted: no rate recommended)."""
     how = _study_format(fmt, as_json, output)
     _check_folder(output)
     settings = _settings(config, set_, db)
@@ -97,7 +98,10 @@ def profile_cmd(
         print_rich(profile_tables(result), None)
     else:
         write_output(result.to_json() if how == "json" else result.to_markdown(), output)
-    raise typer.Exit(int(ExitCode.PASS if result.theoretical_fps else ExitCode.INVALID))
+    if result.host is not None and result.host.contended:
+        print(f"soakd: warning: host busy: {result.host.words()}", file=sys.stderr)
+    ok = result.theoretical_fps and result.completed
+    raise typer.Exit(int(ExitCode.PASS if ok else ExitCode.INVALID))
 
 
 @contextmanager
@@ -308,8 +312,32 @@ def baseline_list_cmd(
     print_rich([t], output)
 
 
+def model_path_cmd(
+    config: Annotated[Path | None, CONFIG_ARG] = None,
+    set_: Annotated[list[str] | None, SET_OPTION] = None,
+) -> None:
+    """Print the folder the embedded tiny model (workload.kind = "tiny-vlm") of CONFIG is
+    loaded from, building it first when it is not there: what `transformers serve` serves
+    (configs/openai-endpoint.toml). Exit code: 0, 2 usage/config error or another
+    workload."""
+    from soakd.config import TinyVlmWorkload
+    from soakd.workloads.base import WorkloadError
+    from soakd.workloads.tiny import TinySpec, ensure_tiny_model
+
+    w = _settings(config, set_, None).workload
+    configure_logging(level="warning")
+    if not isinstance(w, TinyVlmWorkload):
+        raise error(f"workload.kind is {w.kind!r}: model-path names the tiny-vlm model's folder")
+    spec = TinySpec(arch=w.arch, seed=w.seed, short_side=w.short_side)
+    try:
+        print(ensure_tiny_model(spec, w.cache_dir))
+    except WorkloadError as exc:
+        raise error(str(exc)) from None
+
+
 def register(app: typer.Typer) -> None:
     app.command("profile")(profile_cmd)
+    app.command("model-path")(model_path_cmd)
     app.command("sweep")(sweep_cmd)
     app.command("compare")(compare_cmd)
     app.add_typer(baseline_app, name="baseline")

@@ -159,7 +159,8 @@ def show_cmd(
         write_output(json.dumps(doc, default=str, indent=2), output)
         return
     shown = _show_text(run, stages, evs, peak_rss)
-    shown[1:1] = _generator_lines(run.get("summary") or {}, chunk_stages)
+    judged = next((r for r in verdict_rows if r["criterion"] == "content_fps"), None)
+    shown[1:1] = _generator_lines(run.get("summary") or {}, chunk_stages, judged)
     if verdict_rows:
         shown.append(format_criteria_rows([_criterion(r) for r in verdict_rows]))
     print_rich([*shown, format_streams_table(streams)] if streams else shown, output)
@@ -174,9 +175,13 @@ def _ms(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, int | float) else "-"
 
 
-def _generator_lines(s: dict[str, Any], chunk_stages: dict[str, Any]) -> list[str]:
-    """A generator run's first output and output intervals (the run summary's), and a
-    rollout's named chunk stages (ms over the measured chunks)."""
+def _generator_lines(
+    s: dict[str, Any], chunk_stages: dict[str, Any], judged: dict[str, Any] | None = None
+) -> list[str]:
+    """A generator run's first output and output intervals (the run summary's: every frame
+    of the run), the number content_fps judged (the verdict's: after the warm-up), and a
+    rollout's named chunk stages (ms over the measured chunks). A summary line is marked
+    "(judged)" only when its p95 is the verdict's."""
     iv = s.get("interval_ms")
     out = []
     if isinstance(iv, dict):
@@ -185,18 +190,22 @@ def _generator_lines(s: dict[str, Any], chunk_stages: dict[str, Any]) -> list[st
             f"first output {_ms(s.get('first_output_ms'))} ms"
             + (f", {episodes} episode(s)" if episodes is not None else "")
         )
-        judged = s.get("interval_judged_on")
+        basis_judged = s.get("interval_judged_on")
+        value = judged.get("value") if judged else None
         for key, label, basis in (
             ("presentation_ms", "presentation interval", "presentation"),
             ("interval_ms", "per-frame average interval", "per_frame"),
         ):
             d = s.get(key)
             if isinstance(d, dict):
-                mark = " (judged)" if judged == basis else ""
+                same = isinstance(value, int | float) and value == d.get("p95")
+                mark = " (judged)" if basis_judged == basis and same else " (whole run)"
                 out.append(
                     f"{label}{mark} ms p50 {_ms(d.get('p50'))} p95 {_ms(d.get('p95'))} "
                     f"p99 {_ms(d.get('p99'))} max {_ms(d.get('max'))} ({d.get('n', 0)} frames)"
                 )
+        if isinstance(value, int | float) and judged is not None:
+            out.append(f"judged (content_fps {str(judged['status']).upper()}): {judged['detail']}")
     out += [
         f"chunk stage {name}: p50 {_ms(d['p50'])} p95 {_ms(d['p95'])} p99 {_ms(d['p99'])} "
         f"max {_ms(d['max'])} ms ({d['n']} chunks)"

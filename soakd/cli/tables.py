@@ -51,7 +51,10 @@ def profile_tables(r: ProfileResult) -> list[Any]:
         )
     if r.theoretical_fps is not None:
         lines.append(f"theoretical rate {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
-        lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")
+        if r.fps_flag is not None:
+            lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")
+        else:
+            lines.append(f"recommended rate: none (the run ended {r.status})")
     else:
         lines.append("theoretical rate: unknown (no frame finished after the first)")
     lines += [f"note: {n}" for n in r.notes]
@@ -72,7 +75,8 @@ def sweep_tables(r: SweepResult) -> list[Any]:
         if p.status != "ok":
             t.add_row(value, f"rejected: {p.reason}", *("–" for _ in cols[2:]))
             continue
-        row = [value, p.verdict or "ok", _ms(p.pre_median_ms), _ms(p.infer_median_ms)]
+        status = (p.verdict or "ok") + (" (host busy)" if p.host_busy else "")
+        row = [value, status, _ms(p.pre_median_ms), _ms(p.infer_median_ms)]
         row += [_ms(p.infer_max_ms), _ms(p.total_median_ms)]
         if r.paced:
             drops = "–" if p.drop_fraction is None else f"{p.drop_fraction:.1%}"

@@ -1,7 +1,12 @@
 """One self-contained HTML report that opens offline: the verdict table, warnings and hints,
 then time-aligned panels drawn as inline SVG (no script, no CDN, no web font).
 
-Panels share one time axis (seconds since the run's start) with the warm-up shaded:
+Panels share one time axis (seconds since the run's start) with the warm-up shaded, and
+one clock (``CLOCK_NOTE``, said on the page): a frame's stage times, queue length and age
+are plotted when the model took it (dispatch = capture + frame age, the clock frame age is
+judged on), drops and captures when they happened, completed frames when they finished,
+telemetry when it was sampled. So on a backlog run the stage panel spans the time the model
+worked, beside the utilisation and memory it used then. The panels are:
 stage latencies, a rollout's named chunk stages (a panel each), frame age (or the
 generator's output interval), drop rate, process RSS,
 GPU memory, utilisation (soakd's and, where sampled, the host's), queue length and achieved
@@ -26,10 +31,12 @@ import numpy as np
 
 from soakd import __version__
 from soakd.analysis import stats
+from soakd.analysis.chunks import judged_intervals
 from soakd.analysis.criteria.drops import loss_rates
+from soakd.analysis.losses import running_total
 from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
 from soakd.analysis.streams import streams_of
-from soakd.records import LOOK_EVENT, STAGE_COLUMNS, standings
+from soakd.records import DECIDED, LOOK_EVENT, STAGE_COLUMNS, standings
 from soakd.report.html_numbers import numbers_html
 from soakd.report.summary import summarize
 from soakd.report.svg import PALETTE, HLine, Series, Span, VLine, line_chart
@@ -43,6 +50,16 @@ td.pass{color:#2ca02c;font-weight:bold} td.fail{color:#d62728;font-weight:bold}
 td.invalid{color:#b8860b;font-weight:bold} td.na{color:#999}
 .panel{margin:6px 0} .note{color:#555;font-size:13px}
 """
+
+#: the sentence above the panels that names their clock
+CLOCK_NOTE = (
+    "Every panel shares one clock, seconds since the run's start: a frame's stage times, "
+    "queue length and age are drawn when the model took it (dispatch = capture + frame "
+    "age), drops and captured frames when they happened, completed frames when they "
+    "finished, telemetry when it was sampled."
+)
+#: the x axis of a per-frame panel
+_DISPATCH_AXIS = "time since start (s); frames at dispatch"
 
 _PLOT_WINDOWS = 600
 #: the events marked on every panel
@@ -138,7 +155,7 @@ def _trend_lines(
             width=1.2,
         ),
         Series(
-            f"tolerance +{per_min:.3g}/min",
+            f"tolerance +{per_min:.3g}/min (a slope from the trend's start, not a level)",
             xs,
             tol,
             color=SERIES_COLORS["tolerance"],
@@ -173,11 +190,21 @@ def _failed(verdict: Verdict, name: str) -> CriterionResult | None:
     return c if c is not None and c.status == FAIL else None
 
 
-def _worst(rows: list[dict[str, Any]], key: str) -> int | None:
-    """The stream whose ``key`` (a streams-evidence field) is largest; None when none has
-    one."""
-    vals = [(float(r[key]), int(r["stream"])) for r in rows if r.get(key) is not None]
-    return max(vals)[1] if vals else None
+_RANK = {"INVALID": 0, "FAIL": 1, "PASS": 2}
+
+
+def _worst_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run of several streams: the worst one (INVALID, then FAIL, then the most frames
+    lost); None for one stream."""
+    if len(rows) < 2:
+        return None
+    return min(rows, key=lambda r: (_RANK.get(r["status"], 0), -(r.get("loss_fraction") or 0)))
+
+
+def worst_stream(rows: list[dict[str, Any]]) -> int | None:
+    """The stream every panel and the note name as the worst (``_worst_row``)."""
+    w = _worst_row(rows)
+    return None if w is None else int(w["stream"])
 
 
 class _Panels:
@@ -209,12 +236,18 @@ class _Panels:
         )
         #: each stream's result (``run.streams`` > 1), from the ``streams`` criterion
         self.streams = [] if self.bounded else streams_of(verdict)
+        #: the one stream every panel and the note name as the worst (``worst_stream``)
+        self.worst = worst_stream(self.streams)
         n = len(self.streams)
         # the all-streams view keeps each row's frame id, k x N + s: its stream is id mod N
         self.stream_ids = (
             np.nan_to_num(data.frames["frame_id"]).astype(np.int64) % n if n > 1 else None
         )
         self.measured = data.measured(self.t0) if not self.bounded else np.zeros(0, bool)
+        #: when the model took each frame (capture + frame age; a frame never taken, or
+        #: whose age was not recorded, at its capture): the clock of per-frame panels
+        age = data.frame("frame_age_ms")
+        self.t_dispatch = t + np.where(np.isfinite(age), age, 0.0) / 1000.0
 
     def chart(
         self,
@@ -225,10 +258,11 @@ class _Panels:
         hlines: list[HLine] | None = None,
         y_zero: bool = True,
         y_range: tuple[float, float] | None = None,
+        x_label: str = "time since start (s)",
     ) -> str:
         return line_chart(
             series,
-            x_label="time since start (s)",
+            x_label=x_label,
             y_label=y_label,
             title=title,
             x_range=self.x_range,
@@ -242,31 +276,73 @@ class _Panels:
 
     def convergence(self) -> str:
         """A ``run.duration = "auto"`` run: at each look, each trend's smallest detectable
-        slope over its tolerance. The run could stop once every line was under 1 (and the
-        rest decided); "" for a run of fixed length."""
+        slope over its tolerance (a trend seen at one look only is a mark). The run could
+        stop once every line was under 1 and the rest decided; a note below names the
+        trends at 0 at every look (not drawn: their windows did not vary, so any growth
+        would have been seen) and, at the last look, the criteria the run still waited
+        on and why. "" for a run of fixed length."""
+        looks = [
+            (float(e["t"]), standings(e.get("data")))
+            for e in self.data.events
+            if e.get("kind") == LOOK_EVENT and e.get("t") is not None
+        ]
         seen: dict[str, tuple[list[float], list[float]]] = {}
-        for e in self.data.events:
-            if e.get("kind") != LOOK_EVENT or e.get("t") is None:
-                continue
-            for st in standings(e.get("data")):
+        for t, stands in looks:
+            for st in stands:
                 if st.tolerance:
-                    t, ratio = seen.setdefault(st.criterion, ([], []))
-                    t.append(float(e["t"]))
+                    ts, ratio = seen.setdefault(st.criterion, ([], []))
+                    ts.append(t)
                     ratio.append(
                         math.nan if st.detectable is None else st.detectable / st.tolerance
                     )
+        flat = [n for n, (_, r) in seen.items() if np.isfinite(r).any() and np.nanmax(r) == 0]
         series = [  # the trends (a criterion with no detectable slope is not one)
-            Series(name, np.asarray(t), np.asarray(r), color=_color(name))
+            Series(name, np.asarray(t), np.asarray(r), color=_color(name), markers=True,
+                   kind="points" if np.isfinite(r).sum() == 1 else "line")
             for name, (t, r) in seen.items()
-            if np.isfinite(r).any()
-        ]
-        if not series:
+            if np.isfinite(r).any() and name not in flat
+        ]  # fmt: skip
+        if not series and not flat:
             return ""
         finite = [v for _, r in seen.values() for v in r if math.isfinite(v)]
         top = min(max([2.0, *finite]), 5.0)  # a first look's 40 x would flatten the rest
         title = "Convergence (duration = auto): smallest detectable slope / tolerance, by look"
-        line = HLine(1.0, "decided below 1", color="#2ca02c")
-        return self.chart(series, "convergence", title, "x tolerance", [line], True, (0.0, top))
+        line = HLine(1.0, "decided below 1", color="#2ca02c", anchor="start")
+        vlines = [
+            VLine(v.x, "decided", color=v.color, dash=v.dash) if v.label.startswith("decided")
+            else v for v in self.vlines
+        ]  # fmt: skip
+        svg = line_chart(
+            series, x_label="time since start (s)", y_label="x tolerance", title=title,
+            x_range=self.x_range, spans=self.spans, vlines=vlines, hlines=[line],
+            panel_id="convergence", y_zero=True, y_range=(0.0, top),
+        )  # fmt: skip
+        return svg + self.convergence_note(looks, flat)
+
+    @staticmethod
+    def convergence_note(looks: list[tuple[float, list[Any]]], flat: list[str]) -> str:
+        """Below the convergence panel: the trends at 0 at every look, and what the last
+        look still waited on (why the run went on, or why it ended undecided)."""
+        parts = []
+        if flat:
+            parts.append(
+                f"{', '.join(flat)}: 0 x tolerance at every look (its windows did not vary, "
+                "so any growth would have been seen); not drawn"
+            )
+        if looks:
+            t, stands = looks[-1]
+            waiting = [st for st in stands if st.state != DECIDED]
+            if waiting:
+                why = "; ".join(
+                    f"{st.criterion} {st.state}"
+                    + (f" ({st.why})" if st.why and st.why != st.state else "")
+                    for st in waiting
+                )
+                parts.append(f"at the last look ({t:.0f} s) the run still waited on: {why}")
+            else:
+                parts.append(f"every criterion decided at the last look ({t:.0f} s)")
+        text = "; ".join(parts)
+        return f'<p class="note" id="convergence-note">{escape(text)}.</p>' if text else ""
 
     def streamed(self, panel: str, title: str) -> str:
         """The note standing for a per-frame panel of a run judged on the bounded path."""
@@ -276,8 +352,9 @@ class _Panels:
         )
 
     def per_stream(self, t: np.ndarray, y: np.ndarray, width: float, what: str) -> list[Series]:
-        """Window medians of ``y`` (ms) for each stream (rows the caller masked out are NaN);
-        the worst stream (largest p95) drawn thicker and named in its label."""
+        """Window medians of ``y`` (ms) for each stream (rows the caller masked out are NaN),
+        each labelled with its p95; the run's worst stream (``worst_stream``, the one the
+        note names) drawn thicker and named so."""
         assert self.stream_ids is not None
         found = []
         for s in range(len(self.streams)):
@@ -285,11 +362,11 @@ class _Panels:
             if own.any():
                 p95 = float(np.percentile(y[own], 95))
                 found.append((s, p95, stats.window_reduce(t[own], y[own], width, t0=0.0)))
-        worst = max(found, key=lambda f: f[1])[0] if len(found) > 1 else None
+        worst = self.worst if len(found) > 1 else None
         out = []
         for s, p95, w in found:
             has = w.nonempty()
-            name = f"{what} stream {s}" + (f" (worst: p95 {p95:.3g} ms)" if s == worst else "")
+            name = f"{what} stream {s} (p95 {p95:.3g} ms" + (", worst)" if s == worst else ")")
             thick = 2.4 if s == worst else 1.2
             out.append(Series(name, w.t[has], w.median[has], color=_stream_color(s), width=thick))
         return out
@@ -297,7 +374,7 @@ class _Panels:
     def stages(self) -> str:
         if self.bounded:
             return self.streamed("stages", "Stage latencies")
-        t = self.data.frames["t_capture"]
+        t = self.t_dispatch
         ok = self.data.frames["skipped"] == 0
         series = []
         for col in STAGE_COLUMNS:
@@ -327,7 +404,7 @@ class _Panels:
         title = "Stage latencies (window medians)"
         if self.stream_ids is not None:
             title += ", total per stream"
-        return self.chart(series + marks, "stages", title, "ms", hl)
+        return self.chart(series + marks, "stages", title, "ms", hl, x_label=_DISPATCH_AXIS)
 
     def jitter_evidence(self, src: str) -> tuple[list[Series], list[HLine]]:
         """A failing jitter criterion's evidence: the line k x median of the column it
@@ -348,15 +425,16 @@ class _Panels:
             f"jitter: k x median = {k:g} x {med:.3g} = {cut:.3g} ms",
             color=SERIES_COLORS["tolerance"],
         )
-        label = f"{name} over k x median ({int(over.sum())} frames)"
-        t = self.data.frames["t_capture"]
+        n = c.evidence.get("exceed_count")  # the verdict's own count of them
+        label = f"{name} over k x median ({int(n if n is not None else over.sum())} frames)"
+        t = self.t_dispatch
         return [Series(label, t[over], y[over], color="#d62728", kind="points")], [line]
 
     def chunk_stages(self) -> list[str]:
         """A rollout's named chunk stages, a panel each: window medians and maxima."""
         if self.bounded:
             return []
-        t = self.data.frames["t_capture"]
+        t = self.t_dispatch
         out = []
         for name, y in self.data.stages.items():
             w = stats.window_reduce(t, y, self.pw, t0=0.0)
@@ -375,7 +453,7 @@ class _Panels:
                 ),
             ]
             title = f"Chunk stage {name} (ms per chunk)"
-            out.append(self.chart(series, f"stage-{name}", title, "ms"))
+            out.append(self.chart(series, f"stage-{name}", title, "ms", x_label=_DISPATCH_AXIS))
         return out
 
     def age(self) -> str:
@@ -391,15 +469,40 @@ class _Panels:
             ]
         if self.stream_ids is not None and name == "frame_age":
             y = np.where(self.measured, self.data.frame("frame_age_ms"), np.nan)
-            t = self.data.frames["t_capture"] + np.nan_to_num(y) / 1000.0  # dispatch axis
+            t = self.t_dispatch
             width = w.width_s if w is not None else self.pw
             series += self.per_stream(t, y, width, "median")
             title += ", window medians per stream"
         tol = (c.threshold or 0.0) / 60 if c else 0.0
         series += _trend_lines(v, name, self.t0, self.t1, 1.0, tol)
+        series += self.judged_waits()
         return self.chart(
-            series, name, f"{title} (ms), trend and tolerance", "ms", self.age_lines(c)
+            series,
+            name,
+            f"{title} (ms), trend and tolerance",
+            "ms",
+            self.age_lines(c),
+            x_label=_DISPATCH_AXIS,
         )
+
+    def judged_waits(self) -> list[Series]:
+        """A generator's judged content_fps intervals (each wait between visible updates, or
+        each frame's interval: ``criteria.generator_interval``), one mark each, as the
+        verdict judged them (after the warm-up); the p95 and the period are ``age_lines``."""
+        cf = self.v.get("content_fps")
+        if cf is None or cf.status not in (FAIL, PASS) or self.bounded:
+            return []
+        if not len(self.data.emissions.get("t_emit", ())):
+            return []
+        basis = str(cf.evidence.get("basis", "presentation"))
+        iv = judged_intervals(self.data, self.t0, basis)
+        if not iv.n:
+            return []
+        what = "waits between visible updates" if basis == "presentation" else "intervals"
+        return [
+            Series(f"judged by content_fps: {iv.n} {what}", iv.t, iv.ms, kind="points",
+                   color="#d62728" if cf.status == FAIL else "#2ca02c"),
+        ]  # fmt: skip
 
     def age_lines(self, c: CriterionResult | None) -> list[HLine]:
         """The frame-age p95 ceiling (with the run's p95) and, for a generator with
@@ -417,14 +520,16 @@ class _Panels:
             )
         cf = self.v.get("content_fps")
         if cf is not None and cf.threshold and cf.status in (FAIL, PASS):
-            p95 = cf.value
-            seen = f" (p95 {p95:.3g} ms)" if p95 is not None else ""
             fps = cf.evidence.get("content_fps")
             hl.append(
-                HLine(
-                    float(cf.threshold), f"content_fps {fps:g}: period {cf.threshold:.4g} ms{seen}"
-                )
+                HLine(float(cf.threshold), f"content_fps {fps:g}: period {cf.threshold:.4g} ms")
             )
+            if cf.value is not None:  # the number the verdict judged, where it lies
+                color = "#d62728" if cf.status == FAIL else "#2ca02c"
+                hl.append(
+                    HLine(float(cf.value), f"judged p95 {cf.value:.4g} ms ({cf.status.upper()})",
+                          color=color, dash="2 2")
+                )  # fmt: skip
         return hl
 
     def drops(self) -> str:
@@ -451,19 +556,17 @@ class _Panels:
         title = "Dropped + stale frames, % per window"
         if self.stream_ids is not None and w is not None and c is not None:
             series += self.stream_losses(float(c.evidence.get("window_s") or w.width_s))
-            worst = _worst(self.streams, "loss_fraction")
-            title += f", per stream (worst: stream {worst})" if worst is not None else ""
+            title += ", per stream" + (
+                f" (worst: stream {self.worst})" if self.worst is not None else ""
+            )
         hl = (
             [HLine(c.threshold * 100, f"max_drop_fraction {c.threshold:.3g}")]
             if (c and c.threshold)
             else []
         )
-        t = self.data.frames["t_capture"]
-        cum = np.nan_to_num(self.data.frame("drop_count")) + np.nan_to_num(
-            self.data.frame("stale_count")
-        )
-        total = float(cum.max()) if cum.size else 0.0
-        return self.chart(series, "drops", f"{title} ({total:.0f} in all, {t.size} rows)", "%", hl)
+        if c is not None and c.detail:  # the verdict's own count, in its words
+            title += f": {c.detail}"
+        return self.chart(series, "drops", title, "%", hl)
 
     def stream_losses(self, width: float) -> list[Series]:
         """Each stream's loss rate per window: its own drops and stale frames (the rows'
@@ -563,7 +666,7 @@ class _Panels:
         """The frame queue's length when each frame was taken: window medians and maxima."""
         if self.bounded:
             return self.streamed("queue", "Queue length")
-        t, q = self.data.frames["t_capture"], self.data.frame("queue_len")
+        t, q = self.t_dispatch, self.data.frame("queue_len")
         if not np.isfinite(q).any():
             return '<p class="note" data-panel="queue">Queue length: no data</p>'
         w = stats.window_reduce(t, q, self.pw, t0=0.0)
@@ -582,53 +685,93 @@ class _Panels:
                 color=_color("window max"),
             ),
         ]
-        return self.chart(series, "queue", "Frame queue length (frames waiting)", "frames")
+        title = "Frame queue length when the model took a frame (frames waiting)"
+        return self.chart(series, "queue", title, "frames", x_label=_DISPATCH_AXIS)
 
     def fps(self) -> str:
-        """Achieved frame rate: frames finished (``t_done``) per window, against the target;
-        for a generator, the frames it emitted (``emissions``), not its requests or chunks,
-        against ``criteria.content_fps`` where set."""
+        """Frame rate per window: the frames captured (rows and the drops between them, at
+        capture) beside the frames completed (finished without error, at dispatch + total),
+        against the target; for a generator, the frames it emitted (``emissions``), not its
+        requests or chunks, against ``criteria.content_fps`` where set."""
         if self.bounded:
             return self.streamed("fps", "Achieved frame rate")
         gen = self.data.meta.generates and len(self.data.emissions.get("t_emit", ())) > 0
         if gen:
-            done = self.data.emissions["t_emit"]
-        else:
-            done = self.data.frame("t_done")
-            if not np.isfinite(done).any():
-                done = self.data.frames["t_capture"]
+            return self.gen_fps()
+        d = self.data
+        t = d.frames["t_capture"]
+        if not np.isfinite(t).any():  # killed before a frame was finished
+            return '<p class="note" data-panel="fps">Achieved frame rate: no frames</p>'
+        total = d.frame("total_ms")
+        ok = np.isfinite(total) & (d.frames["skipped"] == 0) & (d.frames["has_error"] == 0)
+        done = (self.t_dispatch + np.nan_to_num(total) / 1000.0)[ok]
+        ran = running_total(d.frame("stream"), d.frame("drop_count"))  # all streams
+        dropped = np.diff(ran, prepend=0.0).clip(min=0)
+        width = max(self.pw, 1.0)
+        hi = self.x_range[1]
+        c, n_cap, _ = _binned(t, None, width, hi)
+        n_drop = np.histogram(t, bins=np.arange(c.size + 1) * width, weights=dropped)[0]
+        _, n_done, _ = _binned(done, None, width, hi)
+        ends = (np.arange(c.size) + 1) * width
+        full = ends <= hi + 1e-9  # a last partial window reads low
+        # frames captured after the last row (queued or in flight at the end) have no
+        # capture time: the captured line stops at the last row's
+        cap = full & (ends <= float(np.nanmax(t)) + 1e-9)
+        series = [
+            Series(
+                f"captured per {width:.3g} s",
+                c[cap],
+                (n_cap + n_drop)[cap] / width,
+                color="#7f7f7f",
+                dash="4 3",
+                width=1.2,
+            ),
+            Series(f"completed per {width:.3g} s", c[full], n_done[full] / width,
+                   color=_color("fps")),
+        ]  # fmt: skip
+        target = d.meta.fps
+        hl = (
+            [HLine(float(target), f"target {target:g} fps", color="#7f7f7f")]
+            if isinstance(target, int | float) and target
+            else []
+        )
+        dc = self.v.get("drops")
+        unrowed = sum(
+            float(dc.evidence.get(k) or 0) for k in ("queued_at_end", "in_flight_at_end")
+        ) if dc is not None else 0.0  # fmt: skip
+        n = t.size + float(dropped.sum()) + unrowed
+        title = f"Frame rate (fps): {int(ok.sum())} frames completed of {n:.0f} captured"
+        if unrowed:
+            title += f" ({unrowed:.0f} queued or in flight at the end: no capture time drawn)"
+        return self.chart(series, "fps", title, "fps", hl)
+
+    def gen_fps(self) -> str:
+        """A generator's output rate: the frames it emitted per window, against
+        ``criteria.content_fps`` where set."""
+        done = self.data.emissions["t_emit"]
         width = max(self.pw, 1.0)
         c, n, _ = _binned(done, None, width, self.x_range[1])
         ends = (np.arange(c.size) + 1) * width
         full = ends <= float(np.nanmax(done)) + 1e-9  # a last partial window reads low
-        what = "frames out" if gen else "frames done"
         series = [
-            Series(f"{what} per {width:.3g} s", c[full], n[full] / width, color=_color("fps"))
+            Series(f"frames out per {width:.3g} s", c[full], n[full] / width, color=_color("fps"))
         ]
-        target = self.data.meta.setting("criteria", "content_fps") if gen else self.data.meta.fps
-        label = "content_fps" if gen else "target"
+        target = self.data.meta.setting("criteria", "content_fps")
         hl = (
-            [HLine(float(target), f"{label} {target:g} fps", color="#7f7f7f")]
+            [HLine(float(target), f"content_fps {target:g} fps", color="#7f7f7f")]
             if isinstance(target, int | float) and target
             else []
         )
-        title = (
-            "Achieved frame rate (output frames per second)"
-            if gen
-            else ("Achieved frame rate (fps)")
-        )
+        title = "Achieved frame rate (output frames per second)"
         return self.chart(series, "fps", title, "fps", hl)
 
 
-_RANK = {"INVALID": 0, "FAIL": 1, "PASS": 2}
-
-
 def _streams_note(rows: list[dict[str, Any]]) -> str:
-    """A run of several streams: the worst one (INVALID, then FAIL, then the most frames
-    lost) and why, above the panels that draw a line per stream."""
-    if len(rows) < 2:
+    """A run of several streams: the worst one (``_worst_row``) and why, above the panels
+    that draw a line per stream."""
+    worst = _worst_row(rows)
+    if worst is None:
         return ""
-    worst = min(rows, key=lambda r: (_RANK.get(r["status"], 0), -(r.get("loss_fraction") or 0)))
     why = ", ".join(worst.get("failed", []) + worst.get("invalid", [])) or "passed"
     return (
         f'<p class="note" id="streams-note"><b>{len(rows)} streams</b>; the latency, frame '
@@ -712,6 +855,7 @@ def render_html(data: RunData, verdict: Verdict) -> str:
         "<table><tr><th>criterion</th><th>status</th><th>value</th><th>threshold</th>"
         f"<th>unit</th><th>detail</th></tr>{''.join(rows)}</table>"
         f"<ul>{notes}</ul>{numbers_html(summarize(data, verdict))}<h2>Timeline</h2>"
+        + f'<p class="note" id="clock">{escape(CLOCK_NOTE)}</p>'
         + _streams_note(p.streams)
         + "".join(f'<div class="panel">{s}</div>' for s in panels if s)
         + f'<p class="note">generated by soakd {__version__}</p></body></html>\n'

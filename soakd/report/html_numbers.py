@@ -67,7 +67,8 @@ def numbers_html(s: RunSummary) -> str:
     c = s.counts
     counts = (
         f"{_count(c.get('captured'))} captured, {_count(c.get('done'))} done, "
-        f"{_count(c.get('measured'))} measured, {_count(c.get('drops'))} drops, "
+        f"{_count(c.get('measured'))} measured (after the warm-up), "
+        f"{_count(c.get('drops'))} dropped, "
         f"{_count(c.get('stale'))} stale, {_count(c.get('errors'))} errors"
     )
     fps = f"{_ms(s.fps.get('achieved'))} achieved vs {_ms(s.fps.get('target'))} target"
@@ -77,7 +78,8 @@ def numbers_html(s: RunSummary) -> str:
         "<th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>max ms</th><th>first ms</th></tr>"
         f"{_stage_rows(s)}</table>{_generator_html(s)}"
         f'<p class="note" id="fps"><b>fps:</b> {fps}</p>'
-        f'<p class="note" id="counts"><b>Counts:</b> {counts}</p>'
+        f'<p class="note" id="counts"><b>Counts</b> (the whole run, warm-up included; '
+        f"the verdict counts after it): {counts}</p>"
         f'<p class="note" id="environment"><b>Environment:</b> '
         f"{escape(s.environment_line())}</p>"
         f"<details><summary>Config</summary><pre>{escape(config)}</pre></details>"

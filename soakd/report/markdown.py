@@ -68,8 +68,10 @@ def numbers_section(s: RunSummary) -> list[str]:
         "",
         f"**fps:** {_ms(ach)} achieved vs {_ms(tgt)} target (measured frames / measured s)",
         "",
-        f"**Counts:** {_count(c.get('captured'))} captured, {_count(c.get('done'))} done, "
-        f"{_count(c.get('measured'))} measured, {_count(c.get('drops'))} drops, "
+        "**Counts** (the whole run, warm-up included; the verdict counts after it): "
+        f"{_count(c.get('captured'))} captured, {_count(c.get('done'))} done, "
+        f"{_count(c.get('measured'))} measured (after the warm-up), "
+        f"{_count(c.get('drops'))} dropped, "
         f"{_count(c.get('stale'))} stale, {_count(c.get('errors'))} errors",
         "",
         f"**Environment:** {md_cell(s.environment_line())}",

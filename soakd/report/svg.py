@@ -64,6 +64,8 @@ class Series:
     #: ``line_chart(reach=...)`` x the data's span to take it in, and it is cut where it
     #: leaves the plot area
     scale: bool = True
+    #: a line with a mark on each point too (few points, each one measured: a sweep)
+    markers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,8 @@ class HLine:
     label: str = ""
     color: str = "#d62728"
     dash: str | None = "6 4"
+    #: where the label sits: at the plot's right end ("end") or its left ("start")
+    anchor: Literal["start", "end"] = "end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,13 +283,15 @@ def line_chart(
     panel_id: str | None = None,
     legend: bool = True,
     reach: float = 1.0,
+    x_ticks: Sequence[float] | None = None,
 ) -> str:
     """Render series as an inline ``<svg>`` line chart and return its markup.
 
     ``x_range`` pins the x axis (pass the same range to several charts to time-align them);
     ``y_range`` pins the y axis, ``y_zero`` includes 0 in it; a series with ``scale=False``
     (a tolerance line) widens it by at most ``reach`` x the data's span and is cut at the
-    plot area's edge. ``panel_id`` becomes the ``data-panel`` attribute (tests and scripts
+    plot area's edge. ``x_ticks`` sets the x axis's ticks (a sweep's values) instead of
+    round steps. ``panel_id`` becomes the ``data-panel`` attribute (tests and scripts
     find panels by it). Each drawn series is a ``<path class="series" data-series="NAME">``;
     a series with no finite point is listed in the legend as "(no data)" and not drawn. The
     legend sits between the title and the plot area, its entries spaced by their text's
@@ -297,14 +303,16 @@ def line_chart(
     colors = [s.color or PALETTE[i % len(PALETTE)] for i, s in enumerate(series)]
     items = _legend_items(prepared, colors, width - left - right - 8) if legend else []
     rows = max((it.row for it in items), default=-1) + 1
-    top = (26 if title else 12) + _LEGEND_ROW * rows
+    heads = wrap_text(title, width - left - right, _TITLE_SIZE) if title else []
+    head = 12 + _TITLE_ROW * len(heads) if heads else 12
+    top = head + _LEGEND_ROW * rows
     box = _Box(left, top, width - left - right, height - (26 if title else 12) - bottom)
     height = int(top + box.h + bottom)
     sx, sy = _scales(prepared, box, hlines, vlines, x_range, y_range, y_zero, reach)
     clip = f"clip-{panel_id or id(series)}"
-    out = _frame(box, width, height, title, y_label, panel_id, clip)
+    out = _frame(box, width, height, title, heads, y_label, panel_id, clip)
     out += [_span(sp, sx, box) for sp in spans]
-    out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label))
+    out.extend(_axes(sx, sy, left, top, int(box.w), int(box.h), x_label, y_label, x_ticks))
     out.append(f'<g clip-path="url(#{escape(clip)})">')
     for (s, xs, ys), color in zip(prepared, colors, strict=True):
         if not s.scale:
@@ -314,7 +322,7 @@ def line_chart(
     out += [_vline(v, sx, box) for v in vlines]
     out.append("</g>")
     if items:
-        out.append(_legend(items, left + 8, (26 if title else 12)))
+        out.append(_legend(items, left + 8, head))
     out.append("</svg>")
     return "".join(out)
 
@@ -394,9 +402,27 @@ def _scales(
     return sx, sy
 
 
+_TITLE_SIZE = 13.0  # px, bold
+_TITLE_ROW = 16  # px per title line
+
+
+def wrap_text(text: str, avail: float, size: float = 11.0) -> list[str]:
+    """``text`` in lines no wider than ``avail`` px at ``size`` px (``text_width``'s
+    estimate, bold counted 8 % wider), broken at spaces; a word wider than a line is a line
+    of its own."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        trial = f"{lines[-1]} {word}" if lines else word
+        if lines and text_width(trial, size) * 1.08 <= avail:
+            lines[-1] = trial
+        else:
+            lines.append(word)
+    return lines
+
+
 def _frame(
-    box: _Box, width: int, height: int, title: str | None, y_label: str,
-    panel_id: str | None, clip: str,
+    box: _Box, width: int, height: int, title: str | None, heads: Sequence[str],
+    y_label: str, panel_id: str | None, clip: str,
 ) -> list[str]:  # fmt: skip
     """The ``<svg>`` opening, its title, the plot area and the clip path of the data."""
     attrs = f' data-panel="{escape(panel_id)}"' if panel_id else ""
@@ -409,9 +435,10 @@ def _frame(
         f"<title>{label}</title>",
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#ffffff" stroke="#cccccc"/>',
     ]
-    if title:
+    for i, line in enumerate(heads):
         out.append(
-            f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>'
+            f'<text class="title" x="{left}" y="{16 + _TITLE_ROW * i}" font-size="13" '
+            f'font-weight="bold">{escape(line)}</text>'
         )
     out.append(
         f'<clipPath id="{escape(clip)}"><rect x="{left}" y="{top}" width="{pw}" '
@@ -443,8 +470,9 @@ def _hline(h: HLine, sy: _Scale, box: _Box) -> str:
         return line
     # above the line, or below it when that would leave the plot area
     ty = yy - 3 if yy - 3 >= box.top + 11 else yy + 12
+    tx = box.left + box.w - 4 if h.anchor == "end" else box.left + 4
     return line + (
-        f'<text class="hlabel" x="{box.left + box.w - 4}" y="{ty:.1f}" text-anchor="end" '
+        f'<text class="hlabel" x="{tx}" y="{ty:.1f}" text-anchor="{h.anchor}" '
         f'fill="{h.color}" stroke="#ffffff" stroke-width="3" paint-order="stroke">'
         f"{escape(h.label)}</text>"
     )
@@ -465,7 +493,12 @@ def _vline(v: VLine, sx: _Scale, box: _Box) -> str:
     )
     if not v.label:
         return line
-    short = v.label if len(v.label) <= 24 else v.label[:23] + "…"
+    short = v.label  # as much as the plot's height holds (the whole text is the tooltip)
+    if text_width(short, 10.0) > box.h - 8:
+        n = len(short)
+        while n > 8 and text_width(short[:n] + "…", 10.0) > box.h - 8:
+            n -= 1
+        short = short[:n].rstrip() + "…"
     # the label runs down the inside of the line, from the top of the plot area
     return line + (
         f'<text class="vlabel" x="{xx + 3:.1f}" y="{box.top + 4}" fill="{v.color}" '
@@ -487,18 +520,28 @@ def _draw_series(s: Series, px: np.ndarray, py: np.ndarray, color: str) -> str:
     if not d:
         return ""
     dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-    return (
+    path = (
         f'<path class="series" data-series="{name}" d="{d}" fill="none" '
         f'stroke="{color}" stroke-width="{s.width}"{dash} stroke-linejoin="round"/>'
     )
+    if not s.markers:
+        return path
+    ok = np.isfinite(px) & np.isfinite(py)
+    marks = "".join(
+        f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3"/>'
+        for a, b in zip(px[ok].tolist(), py[ok].tolist(), strict=True)
+    )
+    return path + f'<g class="markers" data-series="{name}" fill="{color}">{marks}</g>'
 
 
 def _axes(
-    sx: _Scale, sy: _Scale, left: int, top: int, pw: int, ph: int, x_label: str, y_label: str
-) -> list[str]:
+    sx: _Scale, sy: _Scale, left: int, top: int, pw: int, ph: int, x_label: str, y_label: str,
+    x_ticks: Sequence[float] | None = None,
+) -> list[str]:  # fmt: skip
     out = ['<g class="axes" fill="#444444" stroke="none">']
-    xt = nice_ticks(sx.lo, sx.hi, max(2, pw // 90))
-    for t, label in zip(xt, tick_labels(xt), strict=True):
+    xt = list(x_ticks) if x_ticks is not None else nice_ticks(sx.lo, sx.hi, max(2, pw // 90))
+    labels = [fmt_num(t) for t in xt] if x_ticks is not None else tick_labels(xt)
+    for t, label in zip(xt, labels, strict=True):
         xx = sx.one(t)
         out.append(
             f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}" stroke="#eeeeee"/>'

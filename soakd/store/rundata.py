@@ -259,10 +259,11 @@ def store_verdict(
 
 
 def load_verdict_rows(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
-    """The stored verdict rows of a run (evidence decoded)."""
+    """The stored verdict rows of a run (evidence decoded), in the order the verdict judged
+    them (as stored)."""
     cur = conn.execute(
         "SELECT criterion, status, value, threshold, unit, detail, evidence FROM verdicts "
-        "WHERE run_id = ?",
+        "WHERE run_id = ? ORDER BY rowid",  # the verdict's order: the order it judged in
         (run_id,),
     )
     out = []

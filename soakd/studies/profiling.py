@@ -9,6 +9,11 @@ interval between the frames it took`` (fed faster than it takes them, that inter
 one frame costs it, its own loop included). The recommended configured rate is
 ``RECOMMEND_FACTOR`` (0.6) of it, rounded down to two significant digits, inside the 0.5-0.7
 band that leaves the model headroom for jitter, GC and telemetry.
+
+A profile whose run did not complete (stalled, aborted, interrupted) recommends no rate: its
+frames are not what the model does when it runs, and ``soakd profile`` exits 3. The host's
+load is sampled as in any run; a profile measured while other processes held the host's CPUs
+says so (``host``, a note): its times are the host's as much as the model's.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
 from soakd.config import Settings
 from soakd.observers.base import Observer
 from soakd.records import STAGES
+from soakd.report.host import HostLoad, host_load
 from soakd.run.runner import run_soak
 from soakd.store import profiling_queries as q
-from soakd.store import runs
+from soakd.store import rundata, runs
 from soakd.store.db import connect
 
 SCHEMA = "soakd.profile/1"
@@ -43,6 +50,16 @@ HELD_FIXED_KEYS: tuple[str, ...] = (
     "short_side",
     "num_inference_steps",
     "frames_per_chunk",
+)
+#: a served model's request settings that fix its answer's length and content
+OPENAI_HELD_FIXED_KEYS: tuple[str, ...] = (
+    "prompt",
+    "system_prompt",
+    "max_tokens",
+    "temperature",
+    "frames_per_request",
+    "short_side",
+    "jpeg_quality",
 )
 #: a session's settings that fix its work per frame (it has no per-request prompt)
 SESSION_HELD_FIXED_KEYS: tuple[str, ...] = (
@@ -114,6 +131,12 @@ class ProfileResult:
     audio_tokens: float | None = None
     session: SessionStats | None = None
     rate_basis: str = "median total"  # what the theoretical rate is 1000 over
+    host: HostLoad | None = None  # other processes' load on the host while it ran
+
+    @property
+    def completed(self) -> bool:
+        """The profile's run ran its frames to the end (not stalled, aborted, interrupted)."""
+        return self.status == "completed"
 
     @property
     def fps_flag(self) -> str | None:
@@ -123,6 +146,7 @@ class ProfileResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["fps_flag"] = self.fps_flag
+        d["host"] = self.host.to_dict() if self.host is not None else None
         return {"schema": SCHEMA, **d}
 
     def to_json(self) -> str:
@@ -153,7 +177,9 @@ def held_fixed(config: Mapping[str, Any]) -> dict[str, Any]:
     """The workload settings that fix the output (prompt, length, beams, input size...; a
     session's tokens per turn, context and queue)."""
     wl = config.get("workload", {})
-    keys = SESSION_HELD_FIXED_KEYS if wl.get("kind") == "session" else HELD_FIXED_KEYS
+    keys = {"session": SESSION_HELD_FIXED_KEYS, "openai": OPENAI_HELD_FIXED_KEYS}.get(
+        wl.get("kind"), HELD_FIXED_KEYS
+    )
     out = {k: wl[k] for k in keys if k in wl}
     max_new = out.get("max_new_tokens")
     if "min_new_tokens" in out and isinstance(max_new, int):  # the effective value
@@ -233,7 +259,7 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     session = _session(conn, run_id) if run.workload_kind == "session" else None
     if session is not None and session.take_interval_p50_ms:
         theo, basis = 1000.0 / session.take_interval_p50_ms, "median interval between frames taken"
-    rec, band = recommend(theo)
+    rec, band = recommend(theo) if run.status == "completed" else (None, None)
     tokens = vals["out_tokens"][np.isfinite(vals["out_tokens"])]
     result = ProfileResult(
         run_id=run_id,
@@ -260,6 +286,7 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
         audio_tokens=_median(vals["audio_tokens"]),
         session=session,
         rate_basis=basis,
+        host=host_load(rundata.load_sample_columns(conn, run_id), _cpus(run.environment)),
     )
     if run.workload.get("shape", run.workload_kind) in ("generator", "rollout"):
         result.stream = _stream(conn, run_id, first)
@@ -270,6 +297,11 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
             "times are not a real model's"
         )
     return result
+
+
+def _cpus(environment: Mapping[str, Any]) -> float | None:
+    v = environment.get("cpu_count")
+    return float(v) if isinstance(v, int | float) and v > 0 else None
 
 
 def random_weights(workload: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
@@ -284,10 +316,49 @@ def random_weights(workload: Mapping[str, Any], config: Mapping[str, Any]) -> bo
     return builtin or (kind in ("session", "av") and not wl.get("model_path"))
 
 
+def _held(v: Any) -> str:
+    """A held-fixed value as the config would spell it; an unset one (None) as 'unset'."""
+    return "unset" if v is None else repr(v)
+
+
+class _HostMeter:
+    """The host's CPU time and this process's from its start to ``read()``: other
+    processes' share of the host's CPUs over a profile too short for a telemetry sample."""
+
+    def __init__(self) -> None:
+        self.host = psutil.cpu_times()
+        self.own = psutil.Process().cpu_times()
+        self.cpus = psutil.cpu_count() or 1
+
+    @staticmethod
+    def _busy(t: Any) -> float:
+        return float(sum(t)) - float(t.idle) - float(getattr(t, "iowait", 0.0))
+
+    def read(self) -> HostLoad | None:
+        host, own = psutil.cpu_times(), psutil.Process().cpu_times()
+        total = float(sum(host)) - float(sum(self.host))
+        if total <= 0:
+            return None
+        busy = self._busy(host) - self._busy(self.host)
+        mine = (own.user + own.system) - (self.own.user + self.own.system)
+        others = min(100.0, max(0.0, 100.0 * (busy - mine) / total))
+        return HostLoad(others_pct=others, load1=psutil.getloadavg()[0], cpus=self.cpus)
+
+
+def _host_note(r: ProfileResult) -> list[str]:
+    if r.host is None or not r.host.contended:
+        return []
+    return [
+        f"host busy: {r.host.words()} during the profile: its times are the host's as much "
+        "as the model's, and its rate will not hold when the load changes; profile on a "
+        "quiet host"
+    ]
+
+
 def _notes(r: ProfileResult) -> list[str]:
     notes = []
     if r.held_fixed:
-        fixed = ", ".join(f"{k}={v!r}" for k, v in r.held_fixed.items())
+        fixed = ", ".join(f"{k}={_held(v)}" for k, v in r.held_fixed.items())
         notes.append(f"held fixed: {fixed}")
     else:
         notes.append(
@@ -302,9 +373,12 @@ def _notes(r: ProfileResult) -> list[str]:
         )
     if r.errors:
         notes.append(f"{r.errors} frame(s) raised; they are left out of the statistics")
-    if r.status != "completed":
-        notes.append(f"the profile run ended {r.status}: {r.reason}")
-    return notes
+    if not r.completed:
+        notes.append(
+            f"the profile run ended {r.status}: {r.reason}; no rate is recommended from a "
+            "run that did not complete (exit 3)"
+        )
+    return notes + _host_note(r)
 
 
 def profile(
@@ -319,6 +393,7 @@ def profile(
     source, database or workload that cannot be opened (exit code 2)."""
     if frames < 2:
         raise ValueError("a profile needs at least 2 frames (the first is set apart)")
+    meter = _HostMeter()
     result = run_soak(
         settings, observers=observers, mode="profile", max_frames=frames, paced=paced, judge=False
     )
@@ -327,6 +402,9 @@ def profile(
         out = profile_from_db(conn, result.run_id)
     finally:
         conn.close()
+    if out.host is None:  # shorter than one telemetry tick: the host over the whole call
+        out.host = meter.read()
+        out.notes = [n for n in out.notes if not n.startswith("host busy")] + _host_note(out)
     if out.sample_output is None:
         out.sample_output = result.summary.get("sample_output")
     return out
@@ -411,7 +489,16 @@ def render_markdown(r: ProfileResult) -> str:
             f"- recommended rate: {r.recommended_fps:g} fps "
             f"({RECOMMEND_FACTOR:g}x; band {lo:.3g}-{hi:.3g}): `{r.fps_flag}`"
         )
+    elif r.theoretical_fps is not None:  # measured, but the run did not complete
+        lines.append(
+            f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis}) over a "
+            f"run that ended {r.status}"
+        )
+        lines.append("- recommended rate: none (the run did not complete)")
     else:
         lines.append("- theoretical rate: unknown (no frame finished after the first)")
+    if r.host is not None:
+        mark = " (contention)" if r.host.contended else ""
+        lines.append(f"- host: {r.host.words()}{mark}")
     lines += ["", *(f"> {n}" for n in r.notes)]
     return "\n".join(lines) + "\n"

@@ -15,6 +15,12 @@ Sweeping ``run.streams`` answers "how many streams at ``run.fps`` each does this
 each point is a paced soak of ``run.duration`` judged per stream and together (the run's
 verdict), and its knee is the first stream count whose run does not PASS; the usable range
 ends at the largest count below it whose every stream passed.
+
+Each point's host load is sampled as in a run (``host``); a point measured while other
+processes held half the host's CPUs or more is marked ``host busy``. A point whose total
+p50 falls below the point before it (in increasing value) by more than their frames'
+spread (the sum of their half-IQRs) is flagged non-monotone (``non_monotone``): no knee and
+no usable range are read from such a sweep, which says so instead of "no knee found".
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from soakd.analysis.streams import streams_of
 from soakd.config import ConfigError, Settings, parse_set
 from soakd.errors import SoakdError
 from soakd.observers.base import Observer
-from soakd.report.svg import Series, VLine, line_chart
+from soakd.report.svg import Series, VLine, line_chart, nice_ticks
 from soakd.run.runner import run_soak
 from soakd.store import profiling_queries as q
 from soakd.store.db import connect
@@ -164,7 +170,14 @@ class SweepPoint:
     drop_fraction: float | None = None  # paced points: (drops + stale) / captured
     verdict: str | None = None  # run.streams points: the run's verdict (every stream)
     streams_passed: int | None = None  # run.streams points: streams whose own verdict passed
+    total_iqr_ms: float | None = None  # the spread of total over the frames after the first
+    host: dict[str, Any] | None = None  # the host's load beside the point (HostLoad.to_dict)
     profile: ProfileResult | None = None
+
+    @property
+    def host_busy(self) -> bool:
+        """Other processes held half the host's CPUs or more while it was measured."""
+        return bool(self.host and self.host.get("contended"))
 
 
 @dataclass
@@ -182,14 +195,42 @@ class SweepResult:
     sample_interval_ms: float = 150.0
 
     @property
+    def non_monotone(self) -> list[tuple[Any, Any]]:
+        """(earlier value, later value) pairs, in increasing value, whose total p50 fell by
+        more than the two points' spread (half their IQRs added): the cost went down as the
+        value went up, beyond the frames' own noise."""
+        if self.knee_metric != "total_median_ms":
+            return []
+        pts = [p for p in self.points if p.status == "ok" and p.total_median_ms is not None]
+        try:
+            pts.sort(key=lambda p: float(p.value))
+        except (TypeError, ValueError):
+            return []
+        out = []
+        for a, b in itertools.pairwise(pts):
+            assert a.total_median_ms is not None and b.total_median_ms is not None
+            noise = ((a.total_iqr_ms or 0.0) + (b.total_iqr_ms or 0.0)) / 2
+            if a.total_median_ms - b.total_median_ms > noise:
+                out.append((a.value, b.value))
+        return out
+
+    @property
     def summary(self) -> str:
         """One line: where the usable range ends (or that no knee was found)."""
+        if self.non_monotone and self.knee_index is None:
+            a, b = self.non_monotone[0]
+            return (
+                f"no knee read: total p50 at {self.key}={b} is below {self.key}={a} by more "
+                "than their spread (not monotone); rerun the sweep on a quiet host"
+            )
         if self.knee_index is None:
             ok = [p.value for p in self.points if p.status == "ok"]
             if not ok:
                 return "no value could be profiled"
             return f"no knee found: usable over the whole range tried ({ok[0]}..{ok[-1]})"
         knee = self.points[self.knee_index].value
+        if self.usable_until is None:
+            return f"knee at {self.key}={knee}: no value below it was usable"
         return f"knee at {self.key}={knee}: usable range ends at {self.key}={self.usable_until}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,14 +238,18 @@ class SweepResult:
         for p in d["points"]:
             p.pop("profile", None)
         d["summary"] = self.summary
+        d["non_monotone"] = [list(pair) for pair in self.non_monotone]
+        for p, point in zip(d["points"], self.points, strict=True):
+            p["host_busy"] = point.host_busy
         d["knee_rule"] = self.knee_rule
         d["notes"] = self.notes
         return {"schema": SCHEMA, **d}
 
     @property
     def notes(self) -> list[str]:
-        """Why an accepted point shows "–" for its peak memory: no telemetry sample fell
-        inside its run, or no GPU memory was sampled at all."""
+        """Why an accepted point shows "–" for its peak memory (no telemetry sample fell
+        inside its run, or no GPU memory was sampled at all); the points measured on a busy
+        host; the non-monotone steps; a built-in random-weight model's gibberish."""
         ok = [p for p in self.points if p.status == "ok"]
         no_rss = [p.value for p in ok if p.peak_rss_bytes is None]
         sampled = [p for p in ok if p.peak_rss_bytes is not None]
@@ -223,6 +268,24 @@ class SweepResult:
             out.append(
                 f"peak GPU –{where}: no GPU memory was sampled (the workload runs on the CPU,"
                 " or NVML sees no GPU)"
+            )
+        busy = [p.value for p in ok if p.host_busy]
+        if busy:
+            out.append(
+                f"host busy at {self.key}={', '.join(map(str, busy))}: other processes held "
+                "half the host's CPUs or more while those points ran (status: host busy); their "
+                "times are the host's as much as the model's"
+            )
+        for a, b in self.non_monotone:
+            out.append(
+                f"not monotone: total p50 at {self.key}={b} is below {self.key}={a} by more "
+                "than the two points' spread (half their IQRs); noise or host load, not a "
+                "knee"
+            )
+        if any(p.profile is not None and _random(p.profile) for p in ok):
+            out.append(
+                "a built-in tiny model with random weights: its sample outputs are gibberish "
+                "and its times are not a real model's"
             )
         return out
 
@@ -255,6 +318,10 @@ class SweepResult:
         return render_svg(self)
 
 
+def _random(prof: ProfileResult) -> bool:
+    return any(n.startswith("a built-in tiny model with random weights") for n in prof.notes)
+
+
 def _one_line(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, ConfigError | SoakdError | WorkloadError):
@@ -280,6 +347,7 @@ def _point(value: Any, prof: ProfileResult) -> SweepPoint:
         vision_tokens=prof.vision_tokens,
         audio_tokens=prof.audio_tokens,
         sample_output=prof.sample_output,
+        host=prof.host.to_dict() if prof.host is not None else None,
         profile=prof,
     )
     if prof.first_error is not None:
@@ -311,9 +379,24 @@ def run_point(
     except Exception as exc:  # the model rejected the value: reported, the sweep goes on
         return SweepPoint(value=value, status="rejected", reason=_one_line(exc))
     p = _point(value, prof)
+    p.total_iqr_ms = _spread(s, prof.run_id)
     if paced and p.status == "ok":
         p.age_p95_ms, p.drop_fraction = _paced_stats(s, prof.run_id)
     return p
+
+
+def _spread(settings: Settings, run_id: str) -> float | None:
+    """The IQR of total over the frames after the first (None: under 4 of them)."""
+    conn = connect(settings.resolved_db(), mark_orphans=False)
+    try:
+        total = q.frame_values(conn, run_id, ("total_ms",), profile=True)["total_ms"]
+    finally:
+        conn.close()
+    total = total[np.isfinite(total)]
+    if total.size < 4:
+        return None
+    q75, q25 = np.percentile(total, [75, 25])
+    return float(q75 - q25)
 
 
 def streams_point(
@@ -515,8 +598,9 @@ def render_markdown(r: SweepResult) -> str:
         age = f" {_ms(p.age_p95_ms)} | {drops} |" if r.paced else ""
         if judged:
             age = f" {p.verdict or '–'} | {_tok(p.streams_passed)} of {p.value} |" + age
+        status = "ok (host busy)" if p.host_busy else "ok"
         lines.append(
-            f"| {p.value}{mark} | ok | {_ms(p.pre_median_ms)} | {_ms(p.pre_max_ms)} | "
+            f"| {p.value}{mark} | {status} | {_ms(p.pre_median_ms)} | {_ms(p.pre_max_ms)} | "
             f"{_ms(p.infer_median_ms)} | {_ms(p.infer_max_ms)} | {_ms(p.total_median_ms)} |"
             f"{age}{_media(p) if media else ''} {_mb(p.peak_rss_bytes)} | "
             f"{_mb(p.peak_gpu_mem_bytes)} | "
@@ -532,7 +616,9 @@ def render_markdown(r: SweepResult) -> str:
     ]
     lines += [x for note in r.notes for x in ("", f"Note: {note}.")]
     if r.held_fixed:
-        fixed = ", ".join(f"{k}={v!r}" for k, v in r.held_fixed.items())
+        fixed = ", ".join(
+            f"{k}={'unset' if v is None else repr(v)}" for k, v in r.held_fixed.items()
+        )
         lines += ["", f"Held fixed: {fixed}."]
     return "\n".join(lines) + "\n"
 
@@ -543,7 +629,12 @@ def render_svg(r: SweepResult) -> str:
     numeric = all(isinstance(p.value, int | float) and not isinstance(p.value, bool) for p in ok)
     xs = [float(p.value) if numeric else float(i) for i, p in enumerate(ok)]
     series = [
-        Series(name, xs, [math.nan if getattr(p, attr) is None else getattr(p, attr) for p in ok])
+        Series(
+            name,
+            xs,
+            [math.nan if getattr(p, attr) is None else getattr(p, attr) for p in ok],
+            markers=True,
+        )
         for name, attr in (
             ("total p50", "total_median_ms"),
             ("pre p50", "pre_median_ms"),
@@ -553,14 +644,14 @@ def render_svg(r: SweepResult) -> str:
         )
     ]
     if r.paced:
-        series.append(
-            Series("age p95", xs, [math.nan if p.age_p95_ms is None else p.age_p95_ms for p in ok])
-        )
-    series[3] = Series("infer max", series[3].x, series[3].y, dash="4 3")
+        ages = [math.nan if p.age_p95_ms is None else p.age_p95_ms for p in ok]
+        series.append(Series("age p95", xs, ages, markers=True))
+    series[3] = Series("infer max", series[3].x, series[3].y, dash="4 3", markers=True)
     vlines = []
     if r.knee_index is not None and numeric:
         v = r.points[r.knee_index].value
         vlines.append(VLine(float(v), f"knee at {v}", color="#d62728"))
+    x_ticks, x_range = _sweep_axis(xs)
     return line_chart(
         series,
         x_label=r.key,
@@ -569,4 +660,28 @@ def render_svg(r: SweepResult) -> str:
         vlines=vlines,
         y_zero=True,
         panel_id="sweep",
+        x_ticks=x_ticks,
+        x_range=x_range,
     )
+
+
+#: the sweep plot's values are its x ticks when no two are closer than this share of the
+#: axis (about 40 px of the 820 px plot area); otherwise round steps from one at or below
+#: the first value
+_TICK_GAP = 0.05
+
+
+def _sweep_axis(xs: Sequence[float]) -> tuple[list[float] | None, tuple[float, float] | None]:
+    """The x ticks and range of a sweep plot: the swept values themselves as ticks (each
+    point has its tick, the first included) when they are far enough apart, else round
+    steps over a range that starts at a tick at or below the first value."""
+    vals = sorted(set(xs))
+    if len(vals) < 2:
+        return None, None
+    lo, hi = vals[0], vals[-1]
+    pad = (hi - lo) * 0.04
+    if min(b - a for a, b in itertools.pairwise(vals)) >= _TICK_GAP * (hi - lo):
+        return vals, (lo - pad, hi + pad)
+    ticks = nice_ticks(lo, hi, 8)
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else hi - lo
+    return None, (math.floor(lo / step) * step, hi + pad)
