@@ -821,6 +821,11 @@ class CriteriaSettings(_Section):
     jitter_max_exceed: int = Field(2, ge=0)  # frames over k x median allowed ("count") ...
     jitter_max_exceed_fraction: float = Field(0.001, ge=0, le=1)  # ... or this share, if more
     jitter_history_min_runs: int = Field(3, ge=1)
+    # a spike must also be longer than this (ms; 0 = off): sub-millisecond stages
+    jitter_min_ms: float = Field(0.0, ge=0)
+    # other processes holding this share (%) of the host's CPUs make a tick contended: a
+    # jitter FAIL only contended frames make is INVALID (docs/verdict.md, host contention)
+    contended_cpu_pct: float = Field(75.0, gt=0, le=100)
     max_errors: int = Field(0, ge=0)
     # generators: the playback rate the generated frames must sustain (output interval p95
     # <= 1000 / content_fps) and the longest wait for the first output; None: not judged

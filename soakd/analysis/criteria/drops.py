@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import stats
-from soakd.analysis.criteria.base import Context, EarlyFail, Live, trend_fields
-from soakd.analysis.losses import count_losses
-from soakd.analysis.model import FAIL, PASS, CriterionResult, RunData, age_window_s
-from soakd.config import CriteriaSettings
+from soakd.analysis.contention import others_during
+from soakd.analysis.criteria.base import Context, trend_fields
+from soakd.analysis.losses import Losses, count_losses
+from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, RunData, age_window_s
 
 
 def _loss_counters(
@@ -39,15 +39,17 @@ def _loss_rates(
     w: float,
     prev_lost: float,
     prev_drop: float,
-) -> stats.Windows:
+) -> tuple[stats.Windows, np.ndarray, np.ndarray]:
     """Per-window loss rates of the post-warm-up rows: frames lost in a window over frames
     captured in it (rows + drops), from the cumulative counters ``lost_cum`` / ``drop``
     (``prev_*``: their values at the end of the warm-up). Floor, median and max all hold the
-    rate."""
+    rate. With them, each window's frames lost and captured (``window_losses``)."""
     t = ctx.data.frames["t_capture"][ctx.post]
     win = stats.window_reduce(t, lost_cum, w, t0=ctx.t0, t1=ctx.t1, medians=False)
     dwin = stats.window_reduce(t, drop, w, t0=ctx.t0, t1=ctx.t1, medians=False)
-    return loss_rates(win.t, win.count, win.max, dwin.max, w, prev_lost, prev_drop)
+    lost, cap = window_losses(win.count, win.max, dwin.max, prev_lost, prev_drop)
+    rates = loss_rates(win.t, win.count, win.max, dwin.max, w, prev_lost, prev_drop)
+    return rates, lost, cap
 
 
 def loss_rates(
@@ -55,16 +57,71 @@ def loss_rates(
     prev_lost: float, prev_drop: float,
 ) -> stats.Windows:  # fmt: skip
     """``_loss_rates`` from per-window row counts and largest running counters."""
-    rates = np.full(len(t), np.nan)
-    for i in range(len(t)):
+    lost, cap = window_losses(count, lost_max, drop_max, prev_lost, prev_drop)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(cap > 0, lost / np.where(cap > 0, cap, 1.0), np.nan)
+    return stats.Windows(t, count, rates, rates, rates, w)
+
+
+def window_losses(
+    count: np.ndarray, lost_max: np.ndarray, drop_max: np.ndarray, prev_lost: float,
+    prev_drop: float,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per window: frames lost in it, and frames captured in it (rows + queue drops), from
+    the running counters' largest value in each window (NaN for an empty window)."""
+    lost, cap = np.full(len(count), np.nan), np.full(len(count), np.nan)
+    for i in range(len(count)):
         if count[i] == 0:
             continue
         lost_i = lost_max[i] - prev_lost
         drop_i = drop_max[i] - prev_drop
-        cap_i = count[i] + max(drop_i, 0.0)
-        rates[i] = max(lost_i, 0.0) / cap_i if cap_i else np.nan
+        lost[i] = max(lost_i, 0.0)
+        cap[i] = count[i] + max(drop_i, 0.0)
         prev_lost, prev_drop = lost_max[i], drop_max[i]
-    return stats.Windows(t, count, rates, rates, rates, w)
+    return lost, cap
+
+
+def contention(
+    ctx: Context, rates: stats.Windows, lost: np.ndarray, cap: np.ndarray, loss: Losses
+) -> dict[str, Any] | None:
+    """The lost frames against the host: the windows in which other processes held
+    ``contended_cpu_pct`` or more of the host's CPUs (the mean over the window's ticks), the
+    loss rate of the others (``quiet_rate``) and the fraction the model would have lost at
+    that rate (``quiet_fraction``), the losses no window holds (missed ticks, frames left at
+    the end) counted whole: a pause or a hang is never excused. None when the host was not
+    sampled or the model's median frame does not fit the frame period (then the rate, not
+    the host, loses the frames)."""
+    d = ctx.data
+    total = d.frame("total_ms")[ctx.measured]
+    fps = d.meta.fps
+    if not fps or not np.isfinite(total).any() or np.nanmedian(total) >= 1000.0 / fps:
+        return None
+    half = rates.width_s / 2
+    others = others_during(d, rates.t - half, rates.t + half)
+    if not np.isfinite(others).any():
+        return None
+    has = np.isfinite(cap)
+    busy = has & (others >= ctx.crit.contended_cpu_pct)
+    quiet = has & ~busy
+    windowed = float(np.nansum(lost[has]))
+    unwindowed = max(float(loss.lost) - windowed, 0.0)
+    cap_q = float(np.nansum(cap[quiet]))
+    rate_q = float(np.nansum(lost[quiet])) / cap_q if cap_q > 0 else 0.0
+    frac_q = (rate_q * float(np.nansum(cap[has])) + unwindowed) / loss.ticks if loss.ticks else 0.0
+    lost_busy = float(np.nansum(lost[busy]))
+    return {
+        "contended_cpu_pct": ctx.crit.contended_cpu_pct,
+        "lost": float(loss.lost),
+        "lost_contended": lost_busy,
+        "lost_contended_share": lost_busy / float(loss.lost) if loss.lost else None,
+        "lost_unwindowed": unwindowed,
+        "windows_contended": int(busy.sum()),
+        "windows_quiet": int(quiet.sum()),
+        "others_contended_pct": float(np.median(others[busy])) if busy.any() else None,
+        "quiet_rate": rate_q if cap_q > 0 else None,
+        "quiet_fraction": frac_q,
+        "quiet_fails": frac_q > ctx.crit.max_drop_fraction,
+    }
 
 
 def _recent_rate(rates: stats.Windows) -> float | None:
@@ -99,7 +156,7 @@ def judge_drops(ctx: Context) -> CriterionResult:
     else:
         lost_cum, drop, base, _ = _loss_counters(d, post)
         loss = count_losses(d, post)
-        rates = _loss_rates(ctx, lost_cum[post], drop[post], w, sum(base), base[0])
+        rates, lost_w, cap_w = _loss_rates(ctx, lost_cum[post], drop[post], w, sum(base), base[0])
     frac = loss.fraction
     ctx.series["drop_rate"] = rates
     tr = stats.trend(rates.t, rates.median, c.alpha)
@@ -125,6 +182,12 @@ def judge_drops(ctx: Context) -> CriterionResult:
     detail = f"{loss.lost:.0f} of {loss.ticks:.0f} frames lost ({loss.words()})"
     if accelerating and end_rate:
         detail += f"; drop rate rising, {end_rate:.1%} by the end"
+    if status == FAIL and not dg:
+        cn = contention(ctx, rates, lost_w, cap_w, loss)
+        ev["contention"] = cn
+        if cn is not None and not cn["quiet_fails"]:
+            status = INVALID
+            detail = f"{_contended_detail(cn)}; {detail}"
     return CriterionResult(
         criterion="drops",
         title=title,
@@ -142,15 +205,19 @@ def judge(ctx: Context) -> list[CriterionResult]:
     return [judge_drops(ctx)]
 
 
-def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
-    """Losses only add up: once those counted so far exceed ``max_drop_fraction`` of every
-    tick the planned run can have, the fraction cannot end under the limit (a run ended
-    now has fewer ticks, so a larger fraction)."""
-    most = live.planned_ticks()
-    if most > 0 and live.lost > crit.max_drop_fraction * most:
-        why = (
-            f"{live.lost} frames lost already, over {crit.max_drop_fraction:g} of the "
-            f"{most:.0f} ticks the whole run can have"
-        )
-        return EarlyFail("drops", why)
-    return None
+def _contended_detail(cn: dict[str, Any]) -> str:
+    """Why failing losses are INVALID: their share under contention, with the figures."""
+    rate = cn["quiet_rate"]
+    rest = (
+        f"the {cn['windows_quiet']} window(s) outside it lost {rate:.1%}"
+        if rate is not None
+        else "no window outside it"
+    )
+    return (
+        f"the host was contended: {cn['lost_contended_share']:.0%} of the "
+        f"{cn['lost']:.0f} lost frame(s) fell in windows while other processes held >= "
+        f"{cn['contended_cpu_pct']:g} % of the CPUs (median {cn['others_contended_pct']:.0f} "
+        f"%); {rest}, {cn['quiet_fraction']:.1%} of the ticks with the "
+        f"{cn['lost_unwindowed']:.0f} missed or left at the end: soak on a quiet host or pin "
+        "CPUs"
+    )
