@@ -380,3 +380,65 @@ def test_a_disk_that_fills_as_the_run_closes_is_named_disk_full(
         run_soak(synthetic("run.duration=1"))
     assert "disk full while writing the run database (closing the run)" in str(info.value)
     assert info.value.exit_code == ExitCode.INTERNAL
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 20 MB tmpfs of its own (a real filesystem that can fill up); skipped where this
+    user may not mount one (root only)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20M", "tmpfs", str(mnt)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+#: ``soakd ARGS`` with the database's filesystem filled right before the verdict is stored:
+#: a filler file takes every free byte (a real full disk, not a stand-in error)
+_FILL_THEN_STORE = """
+import os, sys
+from soakd.run import runner
+real = runner.store_verdict
+def fill_then_store(conn, verdict):
+    folder = os.path.dirname(conn.execute("PRAGMA database_list").fetchone()[2])
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        try:
+            while True:
+                f.write(bytes(65536)); f.flush()
+        except OSError:
+            pass
+    real(conn, verdict)
+runner.store_verdict = fill_then_store
+from soakd.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_disk_filling_as_the_verdict_is_stored_is_one_line_naming_it_last(
+    small_disk: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The disk filling right before the verdict is stored (a real full tmpfs) is one line
+    on stderr, the last one, naming the verdict that could not be stored and the full disk,
+    exit 4, no Traceback; under stop_on_fail it is that line, not the early stop's reason.
+    The run's frames are all still there."""
+    db = small_disk / "soakd.db"
+    fails = "criteria.thresholds=[{expr='p50(infer_ms) < 1', abort_on_fail=true}]"
+    p = subprocess.run(
+        [sys.executable, "-c", _FILL_THEN_STORE, "run", "--db", str(db), "--duration", "4",
+         "--fps", "20", "--no-live", "--set", "workload.kind=synthetic",
+         "--set", "run.warmup_s=0.5", "--set", "run.stop_on_fail=true", "--set", fails],
+        capture_output=True, text=True, cwd=REPO, timeout=120, env=subprocess_env,
+    )  # fmt: skip
+    last = [line for line in p.stderr.splitlines() if line.strip()][-1]
+    assert p.returncode == 4 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert last.startswith("soakd: error: the FAIL verdict could not be stored: "), last
+    assert last.endswith("disk full while writing the run database"), last
+    (small_disk / "filler").unlink()
+    assert _count(db, "SELECT count(*) FROM frames") > 5
