@@ -572,3 +572,17 @@ def test_a_lone_surrogate_in_an_exception_is_stored_escaped(tmp_path: Path) -> N
     assert _sql(db, "SELECT DISTINCT error FROM frames WHERE error IS NOT NULL") == [
         ("ValueError: bad byte \\udcff in the model's output",)
     ]
+
+
+def test_merge_checks_every_input_before_writing_any(passing_db: Path, tmp_path: Path) -> None:
+    """`soakd merge OUT GOOD BAD` where BAD's frames pages are damaged (its schema reads
+    fine) is refused naming BAD as damaged, exit 2, before GOOD is written: OUT is not
+    created (not GOOD merged, then BAD refused midway)."""
+    good, bad, out = tmp_path / "good.db", tmp_path / "bad.db", tmp_path / "out.db"
+    shutil.copy(passing_db, good)
+    _db_with_frames(bad, frames=2000)
+    _damage_page(bad, "frames")
+    r = cli("merge", str(out), str(good), str(bad))
+    line = one_error(r.stderr)
+    assert r.exit_code == 2 and line.startswith(f"soakd: error: {bad}: ") and "damaged" in line
+    assert not out.exists()
