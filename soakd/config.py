@@ -1057,6 +1057,36 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+#: how deep tables and arrays may nest in a config file, a plan file or a --set value: no
+#: setting nests past 4; a value nested deeper is refused as such (one line), never a
+#: RecursionError (exit 4) in the TOML parser or in the checks after it
+MAX_TOML_DEPTH = 32
+
+
+def read_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads`` for soakd's own inputs: a TOML document nested past
+    ``MAX_TOML_DEPTH`` is a ConfigError saying so. Raises tomllib.TOMLDecodeError as
+    ``tomllib.loads`` does."""
+    try:
+        doc = tomllib.loads(text)
+    except RecursionError:
+        doc = None
+    if doc is None or _depth(doc) > MAX_TOML_DEPTH:
+        raise ConfigError(f"nested too deeply (tables and arrays deeper than {MAX_TOML_DEPTH})")
+    return doc
+
+
+def _depth(value: Any) -> int:
+    """How deep tables and arrays nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d + 1)
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def parse_set(expr: str) -> tuple[list[str], Any]:
     """``section.key=value`` -> (["section", "key"], value). The value is read as a TOML
     value when it parses as one (numbers, booleans, quoted strings, arrays), else taken as a
@@ -1068,9 +1098,11 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
     if path is None:
         raise ConfigError(f"--set {expr}: expected section.key=value")
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        value = read_toml(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except ConfigError as exc:
+        raise ConfigError(f"--set {key.strip()}: {exc}") from None
     return path, value
 
 
@@ -1208,9 +1240,11 @@ def load_settings(
         if not p.is_file():
             raise ConfigError(f"{p}: config file not found")
         try:
-            file_data = tomllib.loads(p.read_text(encoding="utf-8"))
+            file_data = read_toml(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not a UTF-8 text file") from None
         data = _deep_merge(data, file_data)

@@ -193,6 +193,26 @@ class Event:
     frame_id: int | None = None
     data: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        self.message = safe_text(self.message)
+
+
+def safe_text(text: str) -> str:
+    """``text`` as it can be stored and printed: a lone surrogate (an undecodable byte
+    Python kept as ``\\udcff``, from a model's or a server's text) written as that escape,
+    not an encoding error that would abort the run. Everything else unchanged."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def error_text(exc: BaseException, limit: int = 2000) -> str:
+    """The one line an exception is stored as (a frame's ``error``, an ``error`` event):
+    ``TypeName: message``, at most ``limit`` characters, safe to store (``safe_text``)."""
+    return safe_text(f"{type(exc).__name__}: {exc}")[:limit]
+
 
 #: the event a run stores when an observer raised and was dropped (its data: ``observer``,
 #: ``hook``, ``error`` and ``decides``: the early decision its loss switched off, or None)

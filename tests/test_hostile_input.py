@@ -25,7 +25,7 @@ from soakd.config import ConfigError, load_settings
 from soakd.records import FrameRecord
 from soakd.store import db as store
 
-from .conftest import REPO, error_lines, make_run, soakd_cmd
+from .conftest import REPO, SYNTH_CLI, error_lines, make_run, soakd_cmd
 
 
 @click.command(
@@ -388,3 +388,201 @@ def test_a_run_count_past_2_53_is_a_usage_error_not_an_overflow(tmp_path: Path) 
     r = cli("runs", "--limit", "1" + "0" * 24, "--db", str(db))
     line = one_error(r.stderr)
     assert r.exit_code == 2 and "'--limit'" in line and str(config.MAX_NUMBER) in line, line
+
+
+# --- issue 32: hostile data never a traceback
+
+
+@pytest.fixture(scope="module")
+def passing_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 3 s synthetic soak that PASSes (stored by `soakd run`): copied and damaged by
+    the tests below."""
+    db = tmp_path_factory.mktemp("passing") / "soakd.db"
+    p = subprocess.run(
+        soakd_cmd("run", "--db", str(db), "--duration", "3", "--fps", "20", "--no-live",
+                  *SYNTH_CLI),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    return db
+
+
+def _copy(src: Path, tmp_path: Path, *statements: str) -> Path:
+    """A copy of ``src`` with ``statements`` run on it (by hand, as another tool would)."""
+    db = tmp_path / "copy.db"
+    shutil.copy(src, db)
+    if statements:
+        _sql(db, *statements)
+    return db
+
+
+#: a command of each kind that reads --db
+_DB_COMMANDS = [
+    ["runs"], ["show", "x"], ["gate", "x"], ["report", "x"], ["export", "x"], ["baseline", "list"],
+    ["prune", "--keep-days", "1"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command",
+    _DB_COMMANDS,
+)
+def test_an_empty_db_path_is_one_line_naming_it_a_folder(command: list[str]) -> None:
+    """`--db ''` (the current folder) is one line saying --db names a folder, not a run
+    database, exit 2: not "PosixPath('.') has an empty name" (a Traceback, exit 4)."""
+    r = cli(*command, "--db", "")
+    line = one_error(r.stderr)
+    assert r.exit_code == 2 and "--db '.'" in line and "is a folder" in line, line
+
+
+def test_an_empty_run_id_is_one_line_saying_it_is_empty(passing_db: Path, tmp_path: Path) -> None:
+    """`soakd show ''` (and gate, report, export) says the run id is empty, exit 2: not
+    ": ambiguous run id prefix" (every id starts with '') or the only run picked."""
+    db = _copy(passing_db, tmp_path)
+    for command in ("show", "gate", "report", "export"):
+        r = cli(command, "", "--db", str(db))
+        line = one_error(r.stderr)
+        assert r.exit_code == 2 and "the run id is empty" in line, (command, line)
+
+
+def test_toml_nested_500_levels_is_one_line_not_a_recursion_error(tmp_path: Path) -> None:
+    """A value nested 500 levels deep in --set, a config file or a plan file is one line
+    saying it is nested too deeply, exit 2 (not a RecursionError, exit 4)."""
+    deep = "[" * 500 + "]" * 500
+    conf, plan = tmp_path / "deep.toml", tmp_path / "plan.toml"
+    conf.write_text(f"[run]\nname = {deep}\n", encoding="utf-8")
+    plan.write_text(f'[plan]\nname = "p"\n[axes]\n"run.fps" = {deep}\n', encoding="utf-8")
+    db = _missing_db(tmp_path)
+    for args, where in (
+        (["run", "--db", db, "--set", f"run.name={deep}"], "--set run.name: "),
+        (["run", "--db", db, str(conf)], f"{conf}: "),
+        (["plan", "show", str(plan)], f"{plan}: "),
+    ):
+        r = cli(*args)
+        line = one_error(r.stderr)
+        assert r.exit_code == 2 and line.startswith(f"soakd: error: {where}"), line
+        assert "nested too deeply" in line, line
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("UPDATE frames SET infer_ms = 'abc' WHERE frame_id = 30", "frames.infer_ms = 'abc'"),
+        ("UPDATE samples SET rss_bytes = 'abc' WHERE seq = 5", "samples.rss_bytes = 'abc'"),
+        ("UPDATE samples SET t = 9e999 WHERE seq = 5", "samples.t = inf"),
+        ("UPDATE runs SET duration_s = 9e999", "runs.duration_s = inf"),
+        ("UPDATE runs SET started_unix = 'abc'", "runs.started_unix = 'abc'"),
+    ],
+)
+def test_a_damaged_value_is_named_by_gate_report_and_show(
+    passing_db: Path, tmp_path: Path, damage: str, named: str
+) -> None:
+    """Text in a numeric column or an infinite time, written by hand, is one line naming
+    the table, column and value as damaged, exit 2, from gate, report (md, html) and show:
+    not a Traceback (exit 4)."""
+    db = _copy(passing_db, tmp_path, damage)
+    for command in (["gate"], ["report"], ["report", "-f", "html"], ["show"]):
+        r = cli(*command, "--latest", "--db", str(db))
+        line = one_error(r.stderr)
+        assert r.exit_code == 2 and named in line and "damaged value" in line, (command, line)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE frames SET infer_ms = 9e999 WHERE frame_id = 30",
+        "UPDATE frames SET infer_ms = -9e999 WHERE frame_id = 30",
+        "UPDATE frames SET frame_age_ms = 9e999 WHERE frame_id = 30",
+    ],
+)
+def test_an_infinite_measurement_is_invalid_evidence_named(
+    passing_db: Path, tmp_path: Path, damage: str
+) -> None:
+    """A ±inf infer_ms or frame_age_ms row is not left out silently (the run PASSed): the
+    gate says INVALID (exit 3) and names the column and how many rows."""
+    assert cli("gate", "--latest", "--db", str(passing_db)).exit_code == 0
+    db = _copy(passing_db, tmp_path, damage)
+    r = cli("gate", "--latest", "--db", str(db), "-f", "json")
+    assert r.exit_code == 3, r.stdout[-2000:]
+    column = damage.split()[3]
+    assert f"not a finite number: {column} in 1 row(s)" in r.stdout, r.stdout[-2000:]
+
+
+def _damage_page(db: Path, table: str) -> None:
+    """Overwrite the root page of ``table`` with 0xff bytes (a damaged sector)."""
+    (root,) = _sql(db, f"SELECT rootpage FROM sqlite_master WHERE name = '{table}'")[0]
+    page = _sql(db, "PRAGMA page_size")[0][0]
+    with db.open("r+b") as f:
+        f.seek((root - 1) * page)
+        f.write(b"\xff" * page)
+
+
+def test_run_refuses_a_damaged_database_before_it_starts(passing_db: Path, tmp_path: Path) -> None:
+    """`soakd run` on a database whose samples pages are damaged is refused before the run
+    starts (one line naming it damaged with the quick_check hint, exit 2, no run row): not
+    a started run that dies at its first flush (Traceback, exit 4, no verdict)."""
+    db = _copy(passing_db, tmp_path)
+    _damage_page(db, "samples")
+    p = subprocess.run(
+        soakd_cmd("run", "--db", str(db), "--duration", "2", "--fps", "20", "--no-live",
+                  *SYNTH_CLI),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    line = one_error(p.stderr)
+    assert p.returncode == 2 and "damaged" in line and "PRAGMA quick_check" in line, line
+    assert len(_sql(db, "SELECT id FROM runs")) == 1
+
+
+def _raising_run(tmp_path: Path, what: str) -> subprocess.CompletedProcess[str]:
+    """A 3 s soak of tests.hostile_workloads:raises, its infer raising ``what`` on every
+    other frame (the rest are timed, so the run can be judged)."""
+    return subprocess.run(
+        soakd_cmd(
+            "run", "--db", str(tmp_path / "soakd.db"), "--duration", "3", "--fps", "20",
+            "--no-live", *SYNTH_CLI, "--set", "workload.kind=python",
+            "--set", "workload.factory=tests.hostile_workloads:raises",
+            "--set", f'workload.options={{what="{what}", every=2}}',
+        ),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_workload_calling_sys_exit_is_a_frame_error_not_a_stall(tmp_path: Path) -> None:
+    """A workload whose infer raises SystemExit has each frame recorded as its error
+    ("SystemExit: 3"), the run completed and judged FAIL on errors (exit 1): not "stalled"
+    with a "no frame finished for 5 s" event at 1 s (exit 4)."""
+    p = _raising_run(tmp_path, "system_exit")
+    assert p.returncode == 1, p.stderr[-3000:]
+    db = tmp_path / "soakd.db"
+    assert _sql(db, "SELECT status, reason, verdict FROM runs") == [("completed", None, "FAIL")]
+    assert _sql(db, "SELECT count(*) FROM events WHERE kind = 'stall'") == [(0,)]
+    assert _sql(db, "SELECT DISTINCT error FROM frames WHERE error IS NOT NULL") == [
+        ("SystemExit: 3",)
+    ]
+
+
+def test_a_lone_surrogate_in_an_exception_is_stored_escaped(tmp_path: Path) -> None:
+    """An exception whose text holds a lone surrogate ('\\udcff') is stored as that escape
+    on each frame and event, the run completed and FAIL on errors (exit 1): not aborted by
+    "surrogates not allowed" (exit 4)."""
+    p = _raising_run(tmp_path, "surrogate")
+    assert p.returncode == 1, p.stderr[-3000:]
+    db = tmp_path / "soakd.db"
+    assert _sql(db, "SELECT status, verdict FROM runs") == [("completed", "FAIL")]
+    assert _sql(db, "SELECT DISTINCT error FROM frames WHERE error IS NOT NULL") == [
+        ("ValueError: bad byte \\udcff in the model's output",)
+    ]
+
+
+def test_merge_checks_every_input_before_writing_any(passing_db: Path, tmp_path: Path) -> None:
+    """`soakd merge OUT GOOD BAD` where BAD's frames pages are damaged (its schema reads
+    fine) is refused naming BAD as damaged, exit 2, before GOOD is written: OUT is not
+    created (not GOOD merged, then BAD refused midway)."""
+    good, bad, out = tmp_path / "good.db", tmp_path / "bad.db", tmp_path / "out.db"
+    shutil.copy(passing_db, good)
+    _db_with_frames(bad, frames=2000)
+    _damage_page(bad, "frames")
+    r = cli("merge", str(out), str(good), str(bad))
+    line = one_error(r.stderr)
+    assert r.exit_code == 2 and line.startswith(f"soakd: error: {bad}: ") and "damaged" in line
+    assert not out.exists()

@@ -83,7 +83,9 @@ def evaluate(
 ) -> tuple[RunData, Verdict]:
     """Load a run and judge it (criteria: the given ones, else the run's own), each stream
     and all together when it had several (``streams.judge_streams``: the data returned is
-    then the all-streams view)."""
+    then the all-streams view). A value soakd cannot have written (text in a numeric
+    column, an infinite time) raises ``rundata.DamagedValue`` naming it."""
+    q.check_values(conn, run_id)
     data = load_run_data(conn, run_id)
     note = None
     if criteria is None:

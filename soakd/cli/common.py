@@ -191,7 +191,14 @@ def latest_mode(mode: str) -> str | None:
 
 
 def default_db_path(db: Path | None = None) -> Path:
+    """The database a command reads: ``--db`` when given, else the default. A folder given
+    as ``--db`` (``--db ''`` is the current folder) is a usage error naming it, exit 2."""
     if db is not None:
+        if db.is_dir():
+            raise error(
+                f"--db {str(db)!r}: is a folder, not a run database file"
+                " (name the file, e.g. --db soakd.db)"
+            )
         return db
     state = os.environ.get("STATE_DIRECTORY")
     if state:
@@ -277,13 +284,16 @@ def _note_orphans(conn: sqlite3.Connection, path: Path) -> None:
 @contextmanager
 def reading(db: Path | None, *, write: bool = False) -> Iterator[sqlite3.Connection]:
     """``open_db`` for the block, closed after it; a damaged file (SQLite's "database disk
-    image is malformed" from any query in the block) becomes one line and exit 2."""
+    image is malformed" from any query in the block) or a damaged value in it
+    (``rundata.DamagedValue``) becomes one line and exit 2."""
     path = default_db_path(db)
     conn = open_db(db, write=write)
     try:
         yield conn
     except sqlite3.DatabaseError as exc:
         raise error(_db_message(path, exc)) from None
+    except SoakdError as exc:
+        raise error(f"{path}: {exc}", exc.exit_code) from None
     finally:
         conn.close()
 

@@ -131,9 +131,9 @@ def serve_run(settings: Settings, *, live: bool) -> RunResult:
     result = serve(settings, observers=[_display(live=live, log_every=settings.run.log_every)])
     if result.exit_code == ExitCode.INTERNAL:
         # the verdict says INVALID; say plainly what went wrong with soakd itself
-        print(
-            f"soakd: error: {result.reason or result.summary.get('verdict_error')}", file=sys.stderr
-        )
+        # (a verdict that could not be stored says so, whatever ended the run)
+        why = result.summary.get("verdict_error") or result.reason
+        print(f"soakd: error: {why}", file=sys.stderr)
     return result
 
 
@@ -146,7 +146,7 @@ def _print_end(con: Console, settings: Settings, result: RunResult) -> None:
     """The stage table, the counts and the verdict; in the journal (stdout is the stream
     systemd connected) as aligned columns without box-drawing characters."""
     boxed = not journal_stream(sys.stdout)
-    conn = store.connect(settings.resolved_db())
+    conn = store.connect(settings.resolved_db(), readonly=True)  # it may be full now
     try:
         run = runs.get_run(conn, result.run_id).as_dict()
         con.print(summary_table(run, queries.stage_stats(conn, result.run_id), boxed=boxed))

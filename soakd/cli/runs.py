@@ -36,7 +36,7 @@ from soakd.observers.display import fmt_bytes, summary_table
 from soakd.report.console import format_criteria_rows, format_streams_table
 from soakd.store import queries, runs
 from soakd.store.chunk_stages import chunk_stage_stats
-from soakd.store.rundata import load_verdict_rows
+from soakd.store.rundata import check_values, load_verdict_rows
 
 RUNS_FORMAT_HELP = "table (people) or json (one JSON object a line)."
 SHOW_FORMAT_HELP = "text (tables) or json (one object: run, stages, events)."
@@ -138,6 +138,7 @@ def show_cmd(
     with reading(db) as conn:
         try:
             rid = runs.resolve(conn, run_id, latest=latest, mode=latest_mode(mode))
+            check_values(conn, rid)
             run = runs.get_run(conn, rid).as_dict()
             stages = queries.stage_stats(conn, rid)
             chunk_stages = chunk_stage_stats(conn, rid)  # a rollout's named stages

@@ -21,7 +21,8 @@ from typing import Any, Protocol, cast
 
 import structlog
 
-from soakd.analysis import judge_run
+from soakd.analysis import evaluate
+from soakd.analysis import store as store_verdict
 from soakd.analysis.model import Verdict
 from soakd.clock import Clock, MonotonicClock
 from soakd.config import Settings
@@ -37,6 +38,7 @@ from soakd.records import (
     Event,
     FrameRecord,
     Sample,
+    safe_text,
 )
 from soakd.run.auto_duration import watch_auto_duration
 from soakd.run.drivers import Counters, DriverContext, get_driver
@@ -193,6 +195,7 @@ class Run:
         self._rolling = Rolling()
         self._last_sample: Sample | None = None
         self._source_error: BaseException | None = None
+        self._driver_crash = False  # the driver thread raised (its frame in flight is no hang)
         self._queue: StreamQueues | None = None
         #: sources (run.streams): paced each by its own pacer, or grabbed in turn unpaced
         self.n_streams = settings.run.streams
@@ -213,7 +216,7 @@ class Run:
         with self._outcome_lock:
             if not self.stop.is_set():
                 if reason is not None:
-                    self._outcome = Outcome(status, reason, internal)
+                    self._outcome = Outcome(status, safe_text(reason), internal)
                 self.stop.set()
 
     # --- record plumbing (driver and sampler threads)
@@ -264,10 +267,19 @@ class Run:
 
     # --- building (before the run row exists: a failure here is a usage error)
     def _open_store(self) -> sqlite3.Connection:
+        """The run database, checked for damage before anything is written (a damaged
+        file is a usage error, exit 2, as every read command refuses it)."""
         try:
-            return store.connect(self.db_path)
+            conn = store.connect(self.db_path)
         except store.StoreError as exc:
             raise UsageError(str(exc)) from None
+        try:
+            if not store.check_damage(conn, self.db_path):
+                self.log.info("damage check cut short", budget_s=store.DAMAGE_CHECK_S)
+        except store.StoreError as exc:
+            conn.close()
+            raise UsageError(str(exc)) from None
+        return conn
 
     def _open_inputs(
         self, stack: contextlib.ExitStack
@@ -558,6 +570,7 @@ class Run:
     def _driver_crashed(self, exc: BaseException) -> None:
         if self._source_error is not None:
             return  # unpaced: the source ended under the driver, already recorded
+        self._driver_crash = True
         self.log.exception("driver crashed", exc_info=exc)
         self.request_stop(f"driver crashed: {type(exc).__name__}: {exc}", internal=True)
 
@@ -583,8 +596,8 @@ class Run:
         # as the run ended, before closing the workload can release a hung frame
         self._at_stop = (c.in_flight_since_ns, self.stall_timeout_s(c))
         self._in_flight_at_stop = c.in_flight_streams()
-        if not stalled and c.in_flight_since_ns is not None:
-            stalled = self._stalled_at_end(c)
+        if not stalled and c.in_flight_since_ns is not None and not self._driver_crash:
+            stalled = self._stalled_at_end(c)  # (a crashed driver left its frame: no hang)
         return stalled
 
     def stall_timeout_s(self, c: Counters) -> float:
@@ -791,14 +804,30 @@ class Run:
             self.log.warning("cannot store the exit code", error=f"{type(exc).__name__}: {exc}")
 
     def _judge(self, conn: sqlite3.Connection, result: RunResult) -> Verdict | None:
+        """Judge the stored run and store its verdict. A verdict that cannot be computed (a
+        bug: its traceback is logged) is None; one that cannot be stored (the disk full, the
+        store failing: one line naming it) is still returned, to be printed; either way soakd
+        failed (exit 4) and ``summary["verdict_error"]`` says how."""
         try:
-            return judge_run(conn, self.run_id, self.settings)
+            _, verdict = evaluate(conn, self.run_id, self.settings.criteria)
         except Exception as exc:
             self.log.exception("the verdict could not be computed")
-            o = self._outcome
-            self._outcome = Outcome(o.status, o.reason, internal=True)
-            result.summary["verdict_error"] = f"{type(exc).__name__}: {exc}"
+            self._verdict_failed(result, f"{type(exc).__name__}: {exc}")
             return None
+        try:
+            store_verdict(conn, verdict)
+        except (sqlite3.Error, OSError) as exc:
+            why = f"the {verdict.status} verdict could not be stored: " + (
+                store.describe_store_error(self.db_path, exc)
+            )
+            self.log.error("the verdict could not be stored", error=why)
+            self._verdict_failed(result, why)
+        return verdict
+
+    def _verdict_failed(self, result: RunResult, why: str) -> None:
+        o = self._outcome
+        self._outcome = Outcome(o.status, o.reason, internal=True)
+        result.summary["verdict_error"] = why
 
     def _summary(self, built: _Stack, duration_s: float, load_s: float) -> dict[str, Any]:
         """The run's counters (``runs.summary``), all streams together; with several

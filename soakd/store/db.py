@@ -56,6 +56,7 @@ from soakd.store.schema import (
     check_columns,
     check_schema,
     migrate,
+    stand_in_older_schema,
 )
 from soakd.store.server_metrics import SERVER_METRIC_COLUMNS, server_metric_values
 
@@ -176,6 +177,33 @@ def describe_store_error(path: Path, exc: BaseException) -> str:
     return f"{path}: {msg}"
 
 
+#: how long ``check_damage`` may read a database before a run (a page cache reads some
+#: hundreds of MB a second): a larger file is checked only this long
+DAMAGE_CHECK_S = 10.0
+
+
+def check_damage(conn: sqlite3.Connection, path: Path, budget_s: float = DAMAGE_CHECK_S) -> bool:
+    """``PRAGMA quick_check`` before a run writes into the file: a damaged one is refused
+    (StoreError, ``corrupt_message``) as every read command refuses it, not found by the
+    writer mid-run. False when the check ran out of ``budget_s`` (nothing found so far)."""
+    deadline = time.monotonic() + budget_s
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        row = conn.execute("PRAGMA quick_check(1)").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "interrupt" in str(exc):
+            return False
+        raise StoreError(describe_store_error(path, exc)) from None
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(corrupt_message(path, exc)) from None
+    finally:
+        conn.set_progress_handler(None, 0)
+    if row is not None and row[0] != "ok":
+        found = " ".join(str(row[0]).replace("*** in database main ***", "").split())
+        raise StoreError(corrupt_message(path, Exception(f"quick_check: {found}")))
+    return True
+
+
 def corrupt_message(path: Path, exc: BaseException) -> str:
     """One line for a damaged database file, with the command that shows the damage."""
     return (
@@ -281,6 +309,7 @@ def connect(
             conn = _connect_readonly(p)
             _check_schema(conn, p)
             conn.execute("SELECT 1 FROM runs LIMIT 1")
+            stand_in_older_schema(conn)  # an older schema, not migrated here
         except sqlite3.Error as exc:
             raise StoreError(describe_store_error(p, exc)) from None
         conn.row_factory = sqlite3.Row

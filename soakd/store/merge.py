@@ -142,6 +142,7 @@ def check_input(out: Path, path: Path) -> None:
         _attach(conn, path)
         try:
             _check_source(conn, path)
+            _check_pages(conn, path)
         except sqlite3.DatabaseError as exc:
             raise MergeRefused(_unreadable(path, exc)) from None
 
@@ -191,14 +192,44 @@ def _check_source(conn: sqlite3.Connection, path: Path) -> None:
     if missing:
         raise MergeRefused(
             f"{path}: schema version {schema_version(done)} (lacks {', '.join(missing)}),"
-            " this soakd's"
-            f" is {SCHEMA_VERSION}: upgrade it first by opening it once with this soakd, e.g."
-            f" `soakd runs --db {path}`, which migrates it"
+            f" this soakd's is {SCHEMA_VERSION}: {_upgrade_advice(path)}"
         )
     try:
         check_columns(conn, done, "src")
     except ChangedSchemaError as exc:
         raise MergeRefused(f"{path}: {store.changed_schema_message(exc)}") from None
+
+
+def _check_pages(conn: sqlite3.Connection, path: Path) -> None:
+    """``PRAGMA quick_check`` of the input attached as ``src``: a damaged page anywhere in
+    it is refused before any input is written (the copy reads every page anyway)."""
+    row = conn.execute("PRAGMA src.quick_check(1)").fetchone()
+    if row is not None and row[0] != "ok":
+        found = " ".join(str(row[0]).replace("*** in database src ***", "").split())
+        raise MergeRefused(store.corrupt_message(path, Exception(f"quick_check: {found}")))
+
+
+def _upgrade_advice(path: Path) -> str:
+    """How to upgrade an input of an older schema: open it once with this soakd, which
+    migrates it; where it cannot be written (read-only storage, another user's file), a
+    copy of it."""
+    if _writable(path):
+        return f"upgrade it first by opening it once with this soakd, e.g. `soakd runs --db {path}`"
+    return (
+        "it cannot be upgraded where it is (read-only here): upgrade a copy, e.g."
+        f" `cp {path} /tmp/{path.name} && soakd runs --db /tmp/{path.name}`"
+        " (opening it with this soakd migrates it), then merge that copy"
+    )
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write ``path`` and its folder, on storage mounted
+    read-write (root passes every permission check, not a read-only mount)."""
+    try:
+        ro = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        ro = True
+    return not ro and os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
 def _newer(path: Path, done: set[str]) -> str:

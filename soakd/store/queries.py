@@ -25,19 +25,23 @@ def stage_stats(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, fl
     ).fetchall()
     arr = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
     out: dict[str, dict[str, float | None]] = {}
-    for i, name in enumerate(SHOW_COLUMNS):
-        col = arr[:, i] if len(arr) else np.array([])
-        col = col[~np.isnan(col)]
-        key = name.removesuffix("_ms")
-        out[key] = {
-            "first": None if first is None or first[i] is None else float(first[i]),
-            "p50": float(np.median(col)) if col.size else None,
-            "p95": float(np.percentile(col, 95)) if col.size else None,
-            "p99": float(np.percentile(col, 99)) if col.size else None,
-            "max": float(col.max()) if col.size else None,
-            "n": int(col.size),
-        }
+    with np.errstate(invalid="ignore"):  # an infinite value (written by hand) reads as is
+        for i, name in enumerate(SHOW_COLUMNS):
+            col = arr[:, i] if len(arr) else np.array([])
+            out[name.removesuffix("_ms")] = _stats(col, first, i)
     return out
+
+
+def _stats(col: np.ndarray, first: Any, i: int) -> dict[str, float | None]:
+    col = col[~np.isnan(col)]
+    return {
+        "first": None if first is None or first[i] is None else float(first[i]),
+        "p50": float(np.median(col)) if col.size else None,
+        "p95": float(np.percentile(col, 95)) if col.size else None,
+        "p99": float(np.percentile(col, 99)) if col.size else None,
+        "max": float(col.max()) if col.size else None,
+        "n": int(col.size),
+    }
 
 
 def events(

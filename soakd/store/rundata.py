@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from soakd.errors import UsageError
 from soakd.jsonsafe import clean_json
 from soakd.records import SAMPLE_METRICS
 from soakd.store.db import atomic
@@ -51,6 +52,63 @@ def _columns(
         pos += len(rows)
     cur.close()
     return {n: a[:pos] for n, a in out.items()}
+
+
+class DamagedValue(UsageError):
+    """A value soakd never writes, written into the database by hand or by another tool:
+    text where a number belongs, an infinite time (exit 2, the value named)."""
+
+
+#: the tables of a run's rows and the column that tells one row from another
+_ROW_KEYS = {
+    "runs": "id",
+    "frames": "frame_id",
+    "samples": "seq",
+    "emissions": "frame_id",
+    "gpu_samples": "seq",
+    "chunk_stages": "frame_id",
+}
+#: columns holding a time (s): a time is finite, whatever the run did; a non-finite
+#: measurement (``infer_ms`` = inf) is evidence the verdict names instead
+#: (analysis/criteria/validity.py)
+_TIMES = frozenset(
+    ("t", "wall", "t_sched", "t_capture", "t_dispatch", "t_done", "t_emit", "started_unix",
+     "ended_unix", "duration_s")
+)  # fmt: skip
+
+
+def check_values(conn: sqlite3.Connection, run_id: str) -> None:
+    """Raise DamagedValue naming the first value of the run's rows that soakd cannot have
+    written: text or bytes in a numeric column, an infinite time. One scan of each table's
+    rows of the run, done by SQLite."""
+    for table, key in _ROW_KEYS.items():
+        info = list(conn.execute(f"PRAGMA table_info({table})"))
+        numeric = [str(r[1]) for r in info if str(r[2]).upper() in ("REAL", "INTEGER")]
+        if not numeric:
+            continue  # a table an older schema lacks
+        terms = [f"typeof({c}) IN ('text', 'blob')" for c in numeric]
+        terms += [f"abs({c}) = 9e999" for c in numeric if c in _TIMES]
+        where = "id = ?" if table == "runs" else "run_id = ?"
+        row = conn.execute(
+            f"SELECT {key}, {', '.join(numeric)} FROM {table} WHERE {where}"
+            f" AND ({' OR '.join(terms)}) LIMIT 1",
+            (run_id,),
+        ).fetchone()
+        if row is not None:
+            raise DamagedValue(_damage(table, key, numeric, tuple(row)))
+
+
+def _damage(table: str, key: str, columns: list[str], row: tuple[Any, ...]) -> str:
+    for c, v in zip(columns, row[1:], strict=True):
+        text = isinstance(v, str | bytes)
+        if text or (c in _TIMES and isinstance(v, float) and abs(v) == np.inf):
+            what = "text where a number belongs" if text else "an infinite time"
+            shown = repr(v[:40]) if text else repr(v)
+            return (
+                f"{table}.{c} = {shown} ({key} {row[0]}): {what}; the run database was changed"
+                " outside soakd (damaged value): fix or delete that row"
+            )
+    return f"{table} ({key} {row[0]}): a damaged value"
 
 
 def _count(conn: sqlite3.Connection, table: str, run_id: str) -> int:

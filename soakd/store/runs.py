@@ -282,6 +282,8 @@ def resolve(
     if latest or ref is None:
         return latest_run_id(conn, mode)
     ref = ref.strip()
+    if not ref:
+        raise UsageError("the run id is empty: give a run id, an id prefix or a baseline name")
     if ref.startswith("baseline:"):
         name = ref.removeprefix("baseline:")
         rid = get_baseline(conn, name)

@@ -469,6 +469,60 @@ def check_columns(conn: sqlite3.Connection, done: set[str], schema: str = "main"
             raise ChangedSchemaError(f"{kind} {name} has no column {missing[0]}{also}")
 
 
+@functools.cache
+def _current_schema() -> tuple[dict[str, tuple[tuple[str, str], ...]], dict[str, str]]:
+    """This soakd's schema: each table's (column, declared type) pairs, and each view's
+    ``CREATE VIEW`` statement."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for _name, script in MIGRATIONS:
+            conn.executescript(script)
+        rows = conn.execute("SELECT name, type, sql FROM sqlite_master ORDER BY rowid").fetchall()
+        tables = {
+            str(n): tuple((str(r[1]), str(r[2])) for r in conn.execute(f"PRAGMA table_info({n})"))
+            for n, t, _sql in rows
+            if t == "table"
+        }
+        return tables, {str(n): str(sql) for n, t, sql in rows if t == "view"}
+    finally:
+        conn.close()
+
+
+def stand_in_older_schema(conn: sqlite3.Connection) -> list[str]:
+    """On a read-only connection to a database of an older schema (which cannot be
+    migrated there): TEMP stand-ins that read it as this soakd's schema, as a migration
+    would have left it: an empty table for each table the file lacks (``server_metrics``
+    before 0009), a view adding each column a table lacks as NULL, and this soakd's views
+    over them. Unqualified names find TEMP first, so every query reads the stand-ins.
+    Returns the names stood in; nothing is written to the file."""
+    tables, views = _current_schema()
+    have = {
+        str(n): {str(r[1]) for r in conn.execute(f"PRAGMA main.table_info({n})")}
+        for (n,) in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")
+    }
+    statements = []
+    for name, columns in tables.items():
+        cols = have.get(name)
+        if name == "_migrations" or (cols is not None and all(c in cols for c, _t in columns)):
+            continue
+        if cols is None:
+            body = ", ".join(f"{c} {t}".strip() for c, t in columns)
+            statements.append(f"CREATE TEMP TABLE {name} ({body})")
+        else:
+            sel = ", ".join(c if c in cols else f"NULL AS {c}" for c, _t in columns)
+            statements.append(f"CREATE TEMP VIEW {name} AS SELECT {sel} FROM main.{name}")
+    if not statements:
+        return []
+    statements += [re.sub(r"^CREATE VIEW", "CREATE TEMP VIEW", sql) for sql in views.values()]
+    conn.execute("PRAGMA query_only = 0")  # the TEMP schema only: main is opened read-only
+    try:
+        for sql in statements:
+            conn.execute(sql)
+    finally:
+        conn.execute("PRAGMA query_only = 1")
+    return [sql.split()[3] for sql in statements]
+
+
 def migrate(conn: sqlite3.Connection) -> list[str]:
     """Apply pending migrations; returns the names applied. Refuses (NewerSchemaError) a
     database written by a newer soakd before changing anything. Two soakd processes that

@@ -49,7 +49,7 @@ from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any
 
-from soakd.config import ConfigError, Settings, flatten, load_settings, parse_set
+from soakd.config import ConfigError, Settings, flatten, load_settings, parse_set, read_toml
 from soakd.errors import ExitCode
 
 SCHEMA = "soakd.plan/1"
@@ -170,7 +170,7 @@ def _read(p: Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError("plan file not found")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        return read_toml(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}") from None
     except UnicodeDecodeError:

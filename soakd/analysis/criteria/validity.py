@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from soakd.analysis.criteria.base import DECIDED_EVENT, Context, finite
 from soakd.analysis.model import INVALID, PASS, CriterionResult, RunData, Verdict
 from soakd.records import OBSERVER_FAILED_EVENT
@@ -37,6 +39,14 @@ def judge_run_validity(ctx: Context) -> CriterionResult:
         )
     if n_meas < c.min_frames:
         problems.append(f"{n_meas} post-warm-up frames, fewer than min_frames = {c.min_frames}")
+    bad = _non_finite(ctx)
+    if bad:
+        ev["non_finite"] = bad
+        problems.append(
+            "a measurement that is not a finite number: "
+            + ", ".join(f"{col} in {n} row(s)" for col, n in bad.items())
+            + " (infinite: soakd never stores one; the data cannot be judged)"
+        )
     hang = _hang(d)
     if hang:
         ev["in_flight_at_end"] = 1
@@ -74,6 +84,31 @@ def observer_failures(d: RunData) -> list[str]:
             out.append(f"no early decision after {t:.0f} s: {e.get('message')}")
         else:
             out.append(f"an observer failed at {t:.0f} s: {e.get('message')}")
+    return out
+
+
+#: the frame columns holding a measurement (ms): NaN is a stage that did not run (NULL);
+#: an infinite value is no measurement at all, and every statistic would skip it silently
+MEASURED_COLUMNS = (
+    "grab_ms", "pre_ms", "infer_ms", "decode_ms", "total_ms", "frame_age_ms", "lateness_ms",
+    "first_emit_ms", "output_latency_ms", "consume_ms", "consume_output_ms",
+)  # fmt: skip
+
+
+def _non_finite(ctx: Context) -> dict[str, int]:
+    """Each measured frame column and telemetry column holding ±inf, with how many rows:
+    evidence no criterion can judge (the bounded path's digest drops them: not seen there)."""
+    d, out = ctx.data, {}
+    for col in MEASURED_COLUMNS:
+        a = d.frames.get(col)
+        if a is not None and a.size == ctx.measured.size:
+            n = int(np.isinf(a[ctx.measured]).sum())
+            if n:
+                out[col] = n
+    for col, a in d.samples.items():
+        n = int(np.isinf(a).sum()) if col != "t" and a.dtype.kind == "f" else 0
+        if n:
+            out[f"samples.{col}"] = n
     return out
 
 

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from soakd.records import Emission, FrameRecord
+from soakd.records import Emission, FrameRecord, error_text
 from soakd.run.drivers.context import DriverContext
 
 #: recent values kept for the run summary's percentiles (bounded memory)
@@ -66,7 +66,7 @@ def record_error(ctx: DriverContext[Any], exc: BaseException, frame_id: int | No
     """The one-line error of a workload exception, counted and recorded as an ``error``
     event (``oom`` for an out-of-memory, which with ``on_oom = "stop"`` ends the run)."""
     c = ctx.counters
-    error = f"{type(exc).__name__}: {exc}"[:2000]
+    error = error_text(exc)
     c.errors += 1
     if ctx.is_oom(exc):
         c.ooms += 1

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from soakd.records import Frame, FrameRecord
+from soakd.records import Frame, FrameRecord, error_text, safe_text
 from soakd.run.drivers.context import DriverContext
 from soakd.workloads.base import Consumed, FrameStages, SessionFailed, SessionWorkload
 
@@ -336,7 +336,7 @@ class _SessionDriver:
             res = ctx.workload.push(frame)
         except Exception as exc:
             failed = isinstance(exc, SessionFailed)
-            error = (str(exc) if failed else f"{type(exc).__name__}: {exc}")[:2000]
+            error = safe_text(str(exc))[:2000] if failed else error_text(exc)
             a.rec = rec._replace(error=error)
             c.errors += 1
             ctx.event(ctx.make_event("error", error, frame.id))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.records import Frame, StageOutput
+from soakd.records import Frame, StageOutput, error_text
 from soakd.run.drivers.context import DriverContext
 from soakd.run.drivers.timing import stage_events
 from soakd.run.sink import StagedFrame
@@ -37,10 +37,10 @@ def _oom_data(workload: object) -> dict[str, object] | None:
         return None
 
 
-def _fail(ctx: DriverContext[StagedWorkload], exc: Exception, frame_id: int) -> str:
+def _fail(ctx: DriverContext[StagedWorkload], exc: BaseException, frame_id: int) -> str:
     """Count and record a stage's exception; an OOM may end the run (``on_oom = "stop"``)."""
     c = ctx.counters
-    error = f"{type(exc).__name__}: {exc}"[:2000]
+    error = error_text(exc)
     c.errors += 1
     if isinstance(exc, RunAbort):  # the workload says the run cannot go on
         ctx.event(ctx.make_event(exc.event_kind, str(exc), frame_id))
@@ -76,7 +76,7 @@ def _failed(
     frame: Frame,
     qlen: int,
     t: tuple[int | None, ...],
-    exc: Exception,
+    exc: BaseException,
     **flags: Any,
 ) -> None:
     """A frame whose stage raised: counted, an ``error`` (or ``oom``) event, and its record
@@ -132,7 +132,7 @@ def drive(ctx: DriverContext[StagedWorkload]) -> None:
                 t4 = now()
             else:
                 t2, t3, t4 = ev.finish(t1)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a model is its error too
             t4 = now()
             c.in_flight_since_ns, c.last_done_ns, c.done = None, t4, c.done + 1
             _failed(ctx, frame, qlen, (t1, t2, t3, t4), exc, drop_count=drops, first=first,
