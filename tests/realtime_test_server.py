@@ -129,7 +129,8 @@ class Session:
         self.turns = 0
         self.audio_out = False
         self.t0 = time.monotonic()
-        q = {k: float(v) for k, v in query.items() if v}
+        faults = ("leak_kb", "slow_ms", "drop_after", "malformed_after", "expire_s", "max_tokens")
+        q = {k: float(v) for k, v in query.items() if v and k in faults}
         self.leak_kb = int(q.get("leak_kb", 0))
         self.slow_ms = q.get("slow_ms", 0.0)
         self.drop_after = int(q.get("drop_after", 0))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import inspect
 import json
 import os
 import queue
@@ -54,6 +55,13 @@ AUDIO_QUEUE_S = 2.0
 RECV_TICK_S = 0.05
 
 now_ns = time.perf_counter_ns  # the run's clock (soakd.clock.MonotonicClock)
+
+
+def _direct() -> dict[str, Any]:
+    """websockets >= 17 wants ``legacy=True`` to return a connection outside a ``with``."""
+    from websockets.sync.client import connect
+
+    return {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
 
 
 @dataclass(slots=True)
@@ -156,6 +164,8 @@ class Turn:
         return out
 
 
+_DIRECT: dict[str, Any] | None = None  # connect()'s extra keyword, once known
+
 Life = tuple[str, str, dict[str, Any]]  # (event kind, message, data)
 
 
@@ -237,6 +247,9 @@ class RealtimeSession:
         from websockets.exceptions import InvalidStatus, InvalidURI, WebSocketException
         from websockets.sync.client import connect
 
+        global _DIRECT
+        if _DIRECT is None:
+            _DIRECT = _direct()
         t0 = now_ns()
         timeout = self.s.connect_timeout_s
         try:
@@ -246,6 +259,7 @@ class RealtimeSession:
                 open_timeout=timeout,
                 max_size=None,
                 close_timeout=1.0,
+                **_DIRECT,
             )
         except InvalidURI as exc:
             raise ConnectFailed(f"workload.url {self.s.url!r}: {exc}", fatal=True) from None
