@@ -201,7 +201,7 @@ class _Section(BaseModel):
 #: the most paced sources one run may drive (``run.streams``)
 MAX_STREAMS = 256
 #: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
-SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game")
+SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game", "realtime")
 
 
 class RunSettings(_Section):
@@ -643,6 +643,9 @@ class PluginWorkload(_DeclaredDevice):
     kind: str
 
 
+# a kind that owns its settings beside its code, composed here (it imports the types above)
+from soakd.workloads.realtime.settings import RealtimeWorkloadSettings  # noqa: E402
+
 BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
     "synthetic": SyntheticWorkload,
     "tiny-vlm": TinyVlmWorkload,
@@ -652,6 +655,7 @@ BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
     "av": AvWorkloadSettings,
     "matrix_game": MatrixGameWorkloadSettings,
     "openai": OpenAIWorkloadSettings,
+    "realtime": RealtimeWorkloadSettings,
     "python": PythonWorkload,
 }
 
@@ -664,6 +668,7 @@ WorkloadSettings = (
     | AvWorkloadSettings
     | MatrixGameWorkloadSettings
     | OpenAIWorkloadSettings
+    | RealtimeWorkloadSettings
     | PythonWorkload
     | PluginWorkload
 )

@@ -518,7 +518,9 @@ class Run:
             ),  # a StreamCounters (read-only sums) for the concurrent driver
             request_abort=lambda reason: self.request_stop(reason),
         )
-        drive = get_driver("concurrent" if concurrent else workload.shape)
+        drive = get_driver(
+            "concurrent" if concurrent else getattr(workload, "driver", workload.shape)
+        )
         driver = _DriverThread(drive, ctx, self._driver_crashed, on_return=self.request_stop)
         parts: list[Component] = [sampler, driver]
         if pacers and queue is not None:

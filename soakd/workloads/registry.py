@@ -25,6 +25,7 @@ BUILDERS: dict[str, str] = {
     "av": "soakd.workloads.av:build",
     "matrix_game": "soakd.workloads.matrix_game:build",
     "openai": "soakd.workloads.openai:build",
+    "realtime": "soakd.workloads.realtime:build",
     "python": "soakd.workloads.plugin:build_python",
 }
 

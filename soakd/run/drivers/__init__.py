@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from soakd.run.drivers import concurrent, generator, rollout, session, staged
+from soakd.run.drivers import concurrent, generator, realtime, rollout, session, staged
 from soakd.run.drivers.context import Counters, DriverContext
 
 __all__ = ["Counters", "DriverContext", "get_driver"]
@@ -24,6 +24,7 @@ _DRIVERS: dict[str, Callable[[DriverContext[Any]], None]] = {
     "generator": generator.drive,
     "rollout": rollout.drive,
     "concurrent": concurrent.drive,  # staged, one frame in flight per stream
+    "realtime": realtime.drive,  # a session shape over a WebSocket (kind = "realtime")
 }
 
 

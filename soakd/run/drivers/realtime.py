@@ -1,0 +1,260 @@
+"""The realtime driver (``kind = "realtime"``): paced frames into a WebSocket session,
+questions on a schedule, every turn timed.
+
+Rows (``frames``): one per frame the socket took. ``t_dispatch`` is when soakd started
+writing it, ``t_done`` when the socket had taken it, ``frame_age_ms`` dispatch - capture.
+A frame the socket could not take before a newer one came is dropped by the latest-frame
+rule: no row, counted in the running ``session_dropped`` of the rows after it (the drops
+criterion counts it lost). A frame the socket failed to take is a row with its error.
+
+A question is asked about the newest frame the socket had taken, and rides on that frame's
+row: ``infer_ms`` is the time to the first delta (from ``response.create`` /
+``video.query``: the time to first token of a served answer), ``decode_ms`` first delta ->
+done, ``out_tokens`` the usage's output tokens, ``output_latency_ms`` capture -> first delta
+(how old the picture was when its answer began), ``output_kind = "text"``; ``extra`` holds
+the turn's numbers (delta intervals p50/p95/max, the per-token interval, frame age at the
+question, audio seconds, real-time factor and underruns). A turn that failed (closed,
+timed out, malformed, refused) is the row's ``error``. Each turn is also a ``turn`` event.
+
+The session's life is events: ``reconnect`` (with the gap and the handshake's cost),
+``session_expired``, ``server_closed``, ``server_error`` (with its code),
+``server_unreachable`` (the run ends aborted: INVALID).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from soakd.records import Frame, FrameRecord
+from soakd.run.drivers.context import DriverContext
+
+#: rows held at most while their frame's turn is open (older ones are written as they are)
+MAX_HELD = 64
+
+
+@dataclass(slots=True)
+class _Held:
+    rec: FrameRecord
+    turn: bool = False  # a question rides on this row: it waits for its answer
+
+
+class _Driver:
+    def __init__(self, ctx: DriverContext[Any]) -> None:
+        self.ctx = ctx
+        self.wl: Any = ctx.workload
+        s = ctx.settings.workload
+        self.every: float | None = getattr(s, "question_every_s", None)
+        self.question: str = getattr(s, "question", "")
+        self.timed = deque((float(q.at_s), q.text) for q in getattr(s, "questions", ()))
+        self.t_start = ctx.clock.now_ns()
+        self.next_every = self.every
+        self.pending: dict[int, tuple[Frame, int]] = {}  # handed over, not yet sent
+        self.held: dict[int, _Held] = {}  # sent; the newest waits for a question
+        self.newest: int | None = None
+        self.turn_row: int | None = None  # the row the open question rides on
+        self.first = True
+        self.turns: list[dict[str, Any]] = []
+        self.sent = 0
+
+    # --- frames
+    def push(self, frame: Frame, qlen: int) -> None:
+        self.ctx.counters.dispatched += 1
+        try:
+            replaced = self.wl.push(frame)
+        except Exception as exc:
+            rec = self.ctx.record(frame, qlen, self.ctx.clock.now_ns(), first=self.first)
+            self._error_row(rec, f"{type(exc).__name__}: {exc}"[:2000])
+            return
+        self.pending[frame.id] = (frame, qlen)
+        if replaced is not None:
+            self.pending.pop(replaced, None)
+
+    def _error_row(self, rec: FrameRecord, error: str) -> None:
+        self.ctx.counters.errors += 1
+        self.ctx.event(self.ctx.make_event("error", error, rec.frame_id))
+        self._finish(rec._replace(error=error))
+
+    def _finish(self, rec: FrameRecord) -> None:
+        ctx = self.ctx
+        if rec.first and rec.t_done is not None:
+            ctx.first_done(ctx.t0_ns + int(rec.t_done * 1e9))
+        self.first = False
+        ctx.counters.done += 1
+        if rec.t_done is not None:
+            ctx.counters.last_done_ns = ctx.t0_ns + int(rec.t_done * 1e9)
+        ctx.sink.add(rec)
+
+    def _sent(self, sent: Any) -> None:
+        got = self.pending.pop(sent.frame_id, None)
+        if got is None:
+            return
+        frame, qlen = got
+        ctx = self.ctx
+        warm = frame.t_capture_ns < ctx.warmup_end_ns or self.first
+        rec = ctx.record(
+            frame,
+            qlen,
+            sent.t_start_ns,
+            first=self.first,
+            warmup=warm,
+            t_done=ctx.s(sent.t_end_ns),
+            e2e_ms=(sent.t_end_ns - frame.t_sched_ns) / 1e6,
+            session_dropped=self.wl.dropped,
+        )
+        self.first = False
+        if sent.error is not None:
+            self._error_row(rec, sent.error)
+            return
+        self.sent += 1
+        self._release_newest()
+        self.held[frame.id] = _Held(rec)
+        self.newest = frame.id
+
+    def _release_newest(self) -> None:
+        """The newest row is written once a newer frame is sent, unless a turn rides on it."""
+        if self.newest is not None and (h := self.held.get(self.newest)) and not h.turn:
+            del self.held[self.newest]
+            self._finish(h.rec)
+        while len(self.held) > MAX_HELD:  # turns that never end: written as they are
+            self._finish(self.held.pop(next(iter(self.held))).rec)
+
+    # --- turns
+    def ask_due(self) -> None:
+        t = (self.ctx.clock.now_ns() - self.t_start) / 1e9
+        texts = []
+        while self.timed and self.timed[0][0] <= t:
+            texts.append(self.timed.popleft()[1])
+        if self.next_every is not None and t >= self.next_every:
+            texts.append(self.question)
+            while self.next_every <= t:
+                self.next_every += self.every or 1.0
+        ctx = self.ctx
+        for text in texts:
+            if self.wl.ask(text):
+                if self.newest is not None and self.newest in self.held:
+                    self.held[self.newest].turn = True
+                    self.turn_row = self.newest
+                ctx.event(ctx.make_event("question", text[:500], data={"at_s": round(t, 3)}))
+            else:
+                msg = f"question skipped: the previous answer is still open: {text[:200]!r}"
+                ctx.event(ctx.make_event("question_skipped", msg))
+
+    def _turn(self, turn: Any) -> None:
+        ctx = self.ctx
+        m = turn.measures()
+        self.turns.append(m)
+        fid, self.turn_row = self.turn_row, None
+        h = self.held.pop(fid, None) if fid is not None else None
+        kind = "turn" if turn.error is None else "error"
+        msg = (
+            f"turn {turn.n}: "
+            + (
+                turn.error
+                or f"first delta {m['ttfd_ms']} ms, done {m['done_ms']} ms, {m['tokens']} token(s)"
+            )
+        )[:2000]
+        ctx.event(ctx.make_event(kind, msg, fid, data=m))
+        if h is None:
+            return
+        if fid == self.newest:
+            self.newest = None
+        first = turn.first_ns
+        rec = h.rec._replace(
+            infer_ms=m["ttfd_ms"],
+            decode_ms=None
+            if first is None or turn.done_ns is None
+            else (turn.done_ns - first) / 1e6,
+            out_tokens=turn.tokens if turn.tokens is not None else (turn.text_deltas or None),
+            output_kind="text" if first is not None else None,
+            output_latency_ms=None
+            if first is None or turn.frame_capture_ns is None
+            else (first - turn.frame_capture_ns) / 1e6,
+            t_done=ctx.s(turn.done_ns or turn.last_delta_ns or ctx.clock.now_ns()),
+            extra=m,
+        )
+        if turn.error is not None:
+            ctx.counters.errors += 1
+            rec = rec._replace(error=f"turn {turn.n}: {turn.error}"[:2000])
+        self._finish(rec)
+
+    def drain(self) -> None:
+        sent, turns, life = self.wl.drain()
+        for s in sent:
+            self._sent(s)
+        for t in turns:
+            self._turn(t)
+        ctx = self.ctx
+        for kind, msg, data in life:
+            ctx.event(ctx.make_event(kind, msg, data=data))
+        ctx.counters.in_flight_since_ns = None
+
+    def summarise(self) -> None:
+        wl, s = self.wl, self.ctx.summary
+        ok = [t for t in self.turns if "error" not in t and t.get("ttfd_ms") is not None]
+        out: dict[str, Any] = {
+            "protocol": wl.s.protocol,
+            "frames_sent": self.sent,
+            "frames_dropped_backpressure": wl.dropped,
+            "audio_chunks_dropped": wl.audio_dropped,
+            "turns": len(self.turns),
+            "turns_failed": len(self.turns) - len(ok),
+            "errors_by_code": dict(wl.errors_by_code),
+            **wl.counts,
+        }
+        for key in ("ttfd_ms", "per_token_ms", "delta_p95_ms", "audio_rtf"):
+            v = np.asarray([t[key] for t in ok if t.get(key) is not None], dtype=float)
+            if v.size:
+                out[key] = {
+                    "p50": round(float(np.percentile(v, 50)), 3),
+                    "p95": round(float(np.percentile(v, 95)), 3),
+                    "max": round(float(v.max()), 3),
+                }
+        out["underruns"] = sum(int(t.get("underruns") or 0) for t in ok)
+        s["realtime"] = out
+
+
+def drive(ctx: DriverContext[Any]) -> None:
+    wl: Any = ctx.workload
+    try:
+        wl.start()
+    except Exception as exc:
+        msg = f"session failed to start: {type(exc).__name__}: {exc}"
+        ctx.event(ctx.make_event("error", msg))
+        ctx.request_abort(msg)
+        return
+    d = _Driver(ctx)
+    try:
+        while not ctx.stop.is_set():
+            budget = ctx.max_frames is None or ctx.counters.dispatched < ctx.max_frames
+            got = ctx.next_frame(0.05) if budget else None
+            d.drain()
+            if wl.failed is not None:
+                ctx.request_abort(wl.failed)
+                break
+            if d.newest is not None:
+                d.ask_due()
+            if got is not None:
+                d.push(*got)
+            elif not budget or (ctx.queue is not None and ctx.queue.closed):
+                break
+        _wait_for_open_turn(ctx, d)
+    finally:
+        d.drain()
+        for h in list(d.held.values()):
+            d._finish(h.rec)
+        d.held.clear()
+        d.summarise()
+
+
+def _wait_for_open_turn(ctx: DriverContext[Any], d: _Driver) -> None:
+    """At the end, the open answer gets its response timeout to finish (it was asked)."""
+    wl = d.wl
+    deadline = ctx.clock.now_ns() + int(wl.s.response_timeout_s * 1e9)
+    while wl.open_turn() and ctx.clock.now_ns() < deadline and wl.failed is None:
+        d.drain()
+        time.sleep(0.02)

@@ -1,0 +1,370 @@
+"""``kind = "realtime"`` over real sockets: tests/realtime_test_server.py (a test server
+written from the published wire contracts, answering with the embedded tiny LLaVA's real
+streaming generation) soaked through the library and the CLI, one server process for the
+module with its faults chosen per session in the URL; the official ``openai`` SDK's realtime
+client checks the test server speaks the dialect the SDK parses."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from soakd.config import load_settings
+from soakd.records import Frame
+from soakd.run.runner import run_soak
+from soakd.workloads.base import WorkloadContext
+from soakd.workloads.realtime.client import RealtimeSession
+from tests.conftest import error_lines, run_cli
+from tests.realtime_test_server import start
+
+pytestmark = pytest.mark.slow
+
+PATHS = {"openai-realtime": "/v1/realtime", "vllm-omni-video": "/v1/video/chat/stream"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    s = start()
+    yield s
+    s.stop()
+
+
+def url(srv: Any, protocol: str = "openai-realtime", query: str = "") -> str:
+    return f"ws://127.0.0.1:{srv.port}{PATHS[protocol]}" + (f"?{query}" if query else "")
+
+
+def soak(db: Path, ws_url: str, protocol: str = "openai-realtime", *more: str) -> Any:
+    base = [
+        "workload.kind=realtime",
+        f"workload.protocol={protocol!r}",
+        f"workload.url={ws_url!r}",
+        "workload.question_every_s=0.7",
+        "workload.connect_timeout_s=10",
+        f"run.db={str(db)!r}",
+        "run.duration=5",
+        "run.fps=5",
+        "run.warmup_s=1.5",
+        "run.sample_interval_ms=100",
+        "run.log_every=0",
+        "source.width=64",
+        "source.height=48",
+        "criteria.min_duration_s=1",
+        "criteria.min_frames=5",
+        "criteria.floor_window_s=0.3",
+    ]
+    return run_soak(load_settings(overrides=[*base, *more]))
+
+
+def rows(db: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def criteria(db: Path, run_id: str) -> dict[str, str]:
+    return dict(rows(db, "SELECT criterion, status FROM verdicts WHERE run_id = ?", run_id))
+
+
+def events(db: Path, run_id: str, kind: str) -> list[tuple[Any, ...]]:
+    return rows(db, "SELECT message, data FROM events WHERE run_id = ? AND kind = ?", run_id, kind)
+
+
+@pytest.mark.parametrize("protocol", list(PATHS))
+def test_a_healthy_session_passes_and_each_answer_is_timed_on_its_frame_s_row(
+    db_path, server, protocol
+):
+    """Both dialects: PASS; each turn rides on a frame row (infer = time to first delta,
+    usage tokens, the per-token interval beside the delta gaps) and is a turn event."""
+    result = soak(db_path, url(server, protocol, "max_tokens=5"), protocol)
+    assert result.status == "completed"
+    assert result.verdict.status == "PASS", criteria(db_path, result.run_id)
+    turns = rows(
+        db_path,
+        "SELECT infer_ms, decode_ms, out_tokens, output_kind, json_extract(extra, "
+        "'$.per_token_ms'), json_extract(extra, '$.delta_p50_ms'), json_extract(extra, "
+        "'$.frame_age_at_ask_ms') FROM frames WHERE run_id = ? AND infer_ms IS NOT NULL",
+        result.run_id,
+    )
+    assert len(turns) >= 4
+    for infer, decode, tokens, kind, per_token, gap, age in turns:
+        assert infer > 0 and decode > 0 and tokens == 5 and kind == "text"
+        assert per_token > 0 and gap > 0 and age >= 0
+    assert len(events(db_path, result.run_id, "turn")) == len(turns)
+    sent = rows(db_path, "SELECT count(*) FROM frames WHERE run_id = ?", result.run_id)[0][0]
+    assert sent >= 20  # every paced frame went out: a row each
+
+
+def test_the_socket_cut_mid_answer_is_an_error_row_then_a_new_session(db_path, server):
+    """A server that drops the socket mid-answer: the turn is an error (FAIL), the close
+    and the reconnect (its gap timed) are events, later frames go out on the new socket."""
+    result = soak(db_path, url(server, query="drop_after=2"))
+    assert criteria(db_path, result.run_id)["errors"] == "fail"
+    assert events(db_path, result.run_id, "server_closed")
+    ((_, data), *_) = events(db_path, result.run_id, "reconnect")
+    assert json.loads(data)["gap_ms"] > 0
+    errs = rows(
+        db_path, "SELECT error FROM frames WHERE run_id = ? AND error IS NOT NULL", result.run_id
+    )
+    assert any("server closed the session" in e for (e,) in errs)
+
+
+def test_a_malformed_event_fails_its_turn_and_is_an_event_with_its_code(db_path, server):
+    """Non-JSON from the server mid-answer: the turn is an error row (FAIL), the event
+    ``server_error`` has code ``malformed``."""
+    result = soak(db_path, url(server, query="malformed_after=1"))
+    assert criteria(db_path, result.run_id)["errors"] == "fail"
+    codes = [json.loads(d)["code"] for _, d in events(db_path, result.run_id, "server_error")]
+    assert "malformed" in codes
+
+
+def test_a_server_that_slows_down_times_out_its_answers_and_fails(db_path, server):
+    """Each answer 400 ms later than the last, answers due within 1 s: turns time out as
+    errors (FAIL), questions asked meanwhile are skipped and counted."""
+    result = soak(
+        db_path,
+        url(server, query="slow_ms=400"),
+        "openai-realtime",
+        "workload.response_timeout_s=1",
+    )
+    assert criteria(db_path, result.run_id)["errors"] == "fail"
+    errs = rows(
+        db_path, "SELECT error FROM frames WHERE run_id = ? AND error IS NOT NULL", result.run_id
+    )
+    assert any("no done event within 1 s" in e for (e,) in errs)
+
+
+def test_an_expired_session_is_renewed_and_the_renewal_s_cost_is_an_event(db_path, server):
+    """The server ends each session after 1.5 s (``error`` code session_expired, a close):
+    ``session_expired`` events, a ``reconnect`` each with its gap, and answers after it."""
+    result = soak(db_path, url(server, query="expire_s=1.5"))
+    assert result.status == "completed"
+    assert events(db_path, result.run_id, "session_expired")
+    gaps = [json.loads(d)["gap_ms"] for _, d in events(db_path, result.run_id, "reconnect")]
+    assert gaps and all(g > 0 for g in gaps)
+    (summary,) = rows(db_path, "SELECT summary FROM runs WHERE id = ?", result.run_id)[0]
+    rt = json.loads(summary)["realtime"]
+    assert rt["expired"] >= 1 and rt["reconnects"] >= 1
+    last_turn = max(json.loads(d)["turn"] for _, d in events(db_path, result.run_id, "turn"))
+    assert last_turn >= 3  # answers still come on the renewed sessions
+
+
+class Vanishing:
+    """A WebSocket listener in this process that accepts (or refuses with HTTP ``status``)
+    and can be shut down: nothing then listens on its port."""
+
+    def __init__(self, status: int | None = None, key: str | None = None) -> None:
+        self.status, self.key = status, key
+        self.loop = asyncio.new_event_loop()
+        self.ready, self.port = threading.Event(), 0
+        self.stopped: asyncio.Future[None] | None = None
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),))
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    async def _main(self) -> None:
+        from websockets.asyncio.server import serve
+        from websockets.datastructures import Headers
+        from websockets.http11 import Response
+
+        def check(conn: Any, request: Any) -> Any:
+            if self.status is not None:
+                return Response(self.status, "No", Headers(), b"no\n")
+            if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":
+                return Response(401, "Unauthorized", Headers(), b"no\n")
+            return None
+
+        async def handler(ws: Any) -> None:
+            async for _ in ws:  # omni dialect: the client speaks first; no question is asked
+                pass
+
+        self.stopped = asyncio.get_running_loop().create_future()
+        async with serve(handler, "127.0.0.1", 0, process_request=check) as srv:
+            self.port = srv.sockets[0].getsockname()[1]
+            self.ready.set()
+            await self.stopped
+
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/video/chat/stream"
+
+    def shut(self) -> None:
+        assert self.stopped is not None
+        self.loop.call_soon_threadsafe(self.stopped.set_result, None)
+        self.thread.join(10)
+
+
+def test_a_server_that_stays_unreachable_ends_the_run_invalid(db_path):
+    """The server goes away at 1.5 s and never comes back: reconnects refused for
+    ``unreachable_timeout_s``, then INVALID with a ``server_unreachable`` event."""
+    srv = Vanishing()
+    threading.Timer(1.5, srv.shut).start()
+    result = soak(
+        db_path,
+        srv.url(),
+        "vllm-omni-video",
+        "workload.question_every_s=60",
+        "workload.unreachable_timeout_s=1",
+        "workload.reconnect_backoff_s=0.2",
+        "run.duration=15",
+    )
+    assert result.status == "aborted"
+    assert result.verdict.status == "INVALID"
+    assert len(events(db_path, result.run_id, "server_unreachable")) == 1
+    (reason,) = rows(db_path, "SELECT reason FROM runs WHERE id = ?", result.run_id)[0]
+    assert reason.startswith("server unreachable for")
+
+
+def test_a_refused_key_or_a_wrong_path_is_exit_2_and_a_given_key_is_never_stored(
+    tmp_path, subprocess_env
+):
+    """HTTP 401 or 404 at the handshake: exit 2, one line; with the key the run has no trace
+    of it; a non-ws URL is refused naming the key."""
+    key = "sk-realtime-secret-7731"
+    srv = Vanishing(key=key)
+    try:
+        args = [
+            "run",
+            "--no-live",
+            "--duration",
+            "2",
+            "--fps",
+            "5",
+            "--set",
+            "workload.kind=realtime",
+            "--set",
+            "workload.protocol='vllm-omni-video'",
+            "--set",
+            f"workload.url={srv.url()!r}",
+            "--set",
+            "workload.question_every_s=60",
+            "--set",
+            "criteria.min_duration_s=1",
+            "--set",
+            "criteria.min_frames=3",
+            "--set",
+            "run.warmup_s=0.2",
+        ]
+        out = run_cli(*args, "--db", str(tmp_path / "a.db"), env=subprocess_env)
+        assert out.returncode == 2
+        (line,) = error_lines(out.stderr)
+        assert "refused the API key (HTTP 401)" in line
+        env = {**subprocess_env, "SOAKD_RT_KEY": key}
+        db = tmp_path / "b.db"
+        ok = run_cli(*args, "--db", str(db), "--set", "workload.api_key_env=SOAKD_RT_KEY", env=env)
+        assert ok.returncode in (0, 1, 3), ok.stderr[-2000:]  # 3: no answer asked, none timed
+        assert rows(db, "SELECT count(*) FROM frames WHERE error IS NULL")[0][0] >= 5
+        assert key.encode() not in db.read_bytes()
+        assert key not in ok.stderr + ok.stdout
+    finally:
+        srv.shut()
+    nowhere = Vanishing(status=404)
+    try:
+        out = run_cli(
+            "run",
+            "--no-live",
+            "--db",
+            str(tmp_path / "c.db"),
+            "--set",
+            "workload.kind=realtime",
+            "--set",
+            f"workload.url={nowhere.url()!r}",
+            env=subprocess_env,
+        )
+        assert out.returncode == 2
+        (line,) = error_lines(out.stderr)
+        assert "HTTP 404" in line
+    finally:
+        nowhere.shut()
+    out = run_cli(
+        "run",
+        "--no-live",
+        "--db",
+        str(tmp_path / "d.db"),
+        "--set",
+        "workload.kind=realtime",
+        "--set",
+        "workload.url='http://x/v1/realtime'",
+        env=subprocess_env,
+    )
+    assert out.returncode == 2
+    assert "workload.url" in out.stderr and "ws://" in out.stderr
+
+
+def _frame(i: int) -> Frame:
+    img = np.zeros((48, 64, 3), np.uint8)
+    return Frame(id=i, t_sched_ns=i, t_capture_ns=i, grab_ns=0, image=img)
+
+
+def test_a_frame_the_socket_has_not_taken_is_replaced_by_the_newest_and_counted():
+    """Latest-frame rule: with the socket busy (not taking), three pushes keep the newest
+    frame only; the two it replaced are counted as dropped, none is queued."""
+    s = load_settings(overrides=["workload.kind=realtime"]).workload
+    session = RealtimeSession(s, WorkloadContext())  # never connected: the socket takes nothing
+    assert session.push(_frame(1)) is None
+    assert session.push(_frame(2)) == 1
+    assert session.push(_frame(3)) == 2
+    assert session.dropped == 2
+    assert session._slot is not None and session._slot[0].id == 3
+
+
+def test_the_official_openai_sdk_completes_a_turn_with_an_image_and_audio(server):
+    """The ``openai`` package's realtime client: session.update, an image and audio item,
+    response.create; it parses the test server's events into its own types to response.done
+    with usage."""
+    pytest.importorskip("websockets")
+    from openai import OpenAI
+
+    client = OpenAI(api_key="sk-unused", websocket_base_url=f"ws://127.0.0.1:{server.port}/v1")
+    jpeg = base64.b64encode(_jpeg()).decode()
+    pcm = base64.b64encode(np.zeros(2400, "<i2").tobytes()).decode()
+    seen: list[str] = []
+    text: list[str] = []
+    with client.realtime.connect(model="tiny-llava") as conn:
+        conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        conn.input_audio_buffer.append(audio=pcm)
+        conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": f"data:image/jpeg;base64,{jpeg}"},
+                    {"type": "input_audio", "audio": pcm},
+                    {"type": "input_text", "text": "What is in the picture?"},
+                ],
+            }
+        )
+        conn.response.create()
+        deadline = time.monotonic() + 60
+        for event in conn:
+            seen.append(type(event).__name__)
+            if event.type == "response.output_text.delta":
+                text.append(event.delta)
+            if event.type == "response.done":
+                usage = event.response.usage
+                break
+            assert time.monotonic() < deadline
+    assert seen[0] == "SessionCreatedEvent"
+    assert {
+        "SessionUpdatedEvent",
+        "ConversationItemCreatedEvent",
+        "ResponseCreatedEvent",
+        "ResponseTextDeltaEvent",
+        "ResponseDoneEvent",
+    } <= set(seen)
+    assert usage is not None and usage.output_tokens == len(text) == 6
+
+
+def _jpeg() -> bytes:
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", np.full((48, 64, 3), 128, np.uint8))
+    assert ok
+    return buf.tobytes()
