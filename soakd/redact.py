@@ -54,12 +54,17 @@ _lock = threading.Lock()
 _values: tuple[str, ...] = ()  # the registered secrets and their forms, longest first
 
 
+#: a form shorter than this is not masked as a substring: masking every "ab" would leave
+#: no text readable (a URL's userinfo and secret headers are masked whatever their length)
+MIN_SECRET = 4
+
+
 def _forms(value: str) -> set[str]:
     raw = value.encode()
     b64 = base64.b64encode(raw).decode()
     forms = {value, b64, b64.rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")}
     forms |= {quote(value, safe=""), quote_plus(value), quote(value)}
-    return {f for f in forms if f}
+    return {f for f in forms if len(f) >= MIN_SECRET}
 
 
 def add_secret(value: str | None) -> None:
