@@ -90,13 +90,6 @@ def add_url(url: str | None) -> None:
         add_secret(f"{unquote(p.username or '')}:{unquote(p.password)}")
 
 
-def forget_secrets() -> None:
-    """Drop every registered value (for a test that plants its own)."""
-    global _values
-    with _lock:
-        _values = ()
-
-
 def url(u: str) -> str:
     """Every URL's userinfo in ``u`` masked: ``rtsp://cam:pw@h/x`` -> ``rtsp://cam:***@h/x``."""
     return _URL_USERINFO.sub(_mask_userinfo, u)
