@@ -54,12 +54,17 @@ _lock = threading.Lock()
 _values: tuple[str, ...] = ()  # the registered secrets and their forms, longest first
 
 
+#: a form shorter than this is not masked as a substring: masking every "ab" would leave
+#: no text readable (a URL's userinfo and secret headers are masked whatever their length)
+MIN_SECRET = 4
+
+
 def _forms(value: str) -> set[str]:
     raw = value.encode()
     b64 = base64.b64encode(raw).decode()
     forms = {value, b64, b64.rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("=")}
     forms |= {quote(value, safe=""), quote_plus(value), quote(value)}
-    return {f for f in forms if f}
+    return {f for f in forms if len(f) >= MIN_SECRET}
 
 
 def add_secret(value: str | None) -> None:
@@ -83,13 +88,6 @@ def add_url(url: str | None) -> None:
     if p.password:
         add_secret(unquote(p.password))
         add_secret(f"{unquote(p.username or '')}:{unquote(p.password)}")
-
-
-def forget_secrets() -> None:
-    """Drop every registered value (for a test that plants its own)."""
-    global _values
-    with _lock:
-        _values = ()
 
 
 def url(u: str) -> str:

@@ -98,7 +98,7 @@ def test_request_timeout_is_a_deadline_for_the_whole_answer(soak, db_path) -> No
     assert len(rows) >= 2
     for error, seconds in rows:
         assert error.startswith("RequestFailed: timeout: ReadTimeout: no whole answer within")
-        assert 0.9 <= seconds < 1.0 + 0.8  # the deadline, and how late the driver saw it
+        assert 1.0 <= seconds < 1.0 + 2.0  # the deadline (and a loaded host's lateness)
 
 
 def test_a_stream_closed_cleanly_after_its_first_token_is_truncated(soak, db_path) -> None:

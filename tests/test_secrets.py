@@ -278,3 +278,66 @@ def test_redaction_masks_each_form_once_and_leaves_plain_text_alone() -> None:
     assert redact.text(plain) == plain
     stored = redact.data({"w": {"api_key_env": VAR, "api_key": True, "extra": {"token": "t0k"}}})
     assert stored == {"w": {"api_key": True, "extra": {"token": "***"}}}
+
+
+def test_each_choke_point_masks_what_passes_through_it_on_its_own(
+    db_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text that never went through the workload's own masking (a plugin's error, an event,
+    a log line, a journal entry, a status, an error line) is masked by each choke point
+    alone: the store's frame, event and run rows, the logs, the journal, sd_notify, the
+    CLI's error line."""
+    import io
+
+    import structlog
+
+    from soakd import redact
+    from soakd.cli.common import error
+    from soakd.observers.journal import Journal
+    from soakd.observers.logs import configure_logging
+    from soakd.observers.notify import Notifier
+    from soakd.records import Event, FrameRecord
+    from soakd.store.runs import close_run
+
+    redact.add_secret(KEY)
+    said = f"refused key {KEY} at http://{USER}:{PASSWORD}@h/v1"
+    conn = store.connect(db_path)
+    make_run(conn, id="r1", status="running")
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.05)
+    w.start()
+    frame = FrameRecord(0, 0.0, 0.0, 0.0, 0.1, 0.0, 1.0, error=said)
+    w.put_frames([frame, frame._replace(frame_id=1, extra={"said": said})])
+    w.put(Event("error", 0.1, 0.0, said, 1, {"said": said}))
+    w.close()
+    close_run(conn, "r1", status="aborted", reason=said, ended_unix=1.0, duration_s=1.0,
+              summary={"said": said})  # fmt: skip
+    conn.commit()
+    conn.close()
+    assert not leaks(db_path.read_bytes())
+
+    logs, before = io.StringIO(), structlog.get_config()
+    configure_logging(json=True, stream=logs)
+    try:
+        structlog.get_logger("t").warning("error", message=said, data={"url": said})
+    finally:
+        structlog.configure(**before)
+    assert "refused key ***" in logs.getvalue() and not leaks(logs.getvalue())
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="sk", dir="/tmp"))
+    try:
+        got = []
+        for path, send in (
+            (sock_dir / "j", lambda p: Journal(str(p)).send(said, 4, SOAKD_REASON=said)),
+            (sock_dir / "n", lambda p: Notifier(str(p)).status(said)),
+        ):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.bind(str(path))
+                assert send(path)
+                got.append(sock.recv(65536))
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert all(b"refused key ***" in g and not leaks(g) for g in got), got
+
+    error(said)
+    err = capsys.readouterr().err
+    assert "refused key ***" in err and not leaks(err)
