@@ -274,6 +274,18 @@ def test_errors_after_warmup_fail_and_errors_during_warmup_only_warn() -> None:
     assert c is not None and c.status == "fail" and c.value == 1.0
 
 
+def test_an_invalid_verdict_whose_every_frame_raised_names_the_errors_in_its_reason() -> None:
+    """Every post-warm-up frame raising leaves jitter nothing to judge (INVALID), and the
+    overall reason names the failing errors criterion too, not only "no infer timings"."""
+    n = 3000
+    err = np.zeros(n)
+    err[100:] = 1
+    v = judge(run_data(has_error=err, infer_ms=np.full(n, np.nan)), CRIT)
+    assert v.status == "INVALID"
+    assert {c.criterion: c.status for c in v.criteria}["errors"] == "fail"
+    assert "errors:" in v.reason and "failing too" in v.reason
+
+
 def test_memory_growth_during_the_warmup_is_not_judged() -> None:
     """RSS rising 100 MB/min in a 60 s warm-up, flat after it: memory_rss passes."""
 

@@ -169,17 +169,18 @@ def _overall(
     results: Sequence[CriterionResult], cut: CriterionResult | None = None
 ) -> tuple[str, ExitCode, str]:
     """INVALID beats FAIL beats PASS, except that a run ended early by a criterion ``cut``
-    that FAILs is FAIL (the rest was cut short by that failure)."""
+    that FAILs is FAIL (the rest was cut short by that failure). An INVALID reason also
+    names the criteria that failed: a run whose every frame raised cannot judge jitter, and
+    its reason must still say the errors failed."""
     if cut is not None:
         return OVERALL_FAIL, ExitCode.FAIL, f"{cut.criterion}: {cut.detail} (stopped early)"
     invalid = [r for r in results if r.status == INVALID]
     failed = [r for r in results if r.status == FAIL]
     if invalid:
-        return (
-            OVERALL_INVALID,
-            ExitCode.INVALID,
-            "; ".join(f"{r.criterion}: {r.detail}" for r in invalid),
-        )
+        reason = "; ".join(f"{r.criterion}: {r.detail}" for r in invalid)
+        if failed:  # what could be judged and failed is named too (errors on every frame)
+            reason += "; failing too: " + "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
+        return OVERALL_INVALID, ExitCode.INVALID, reason
     if failed:
         return OVERALL_FAIL, ExitCode.FAIL, "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
     return OVERALL_PASS, ExitCode.PASS, "every applicable criterion passed"
