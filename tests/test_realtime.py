@@ -400,3 +400,43 @@ def test_a_server_that_keeps_every_frame_fails_its_own_memory_while_soakd_s_pass
         result.run_id,
     )[0]
     assert server_rss - own_rss > 30 << 20  # the leak is the server's, not soakd's
+
+
+def test_audio_out_is_timed_as_a_listener_hears_it_and_audio_in_goes_in_chunks(db_path, server):
+    """Audio out (40 ms of PCM16 a token): each turn has its audio seconds, real-time factor
+    and underruns; the [audio] source goes out in audio_chunk_ms chunks, none dropped."""
+    result = soak(
+        db_path,
+        url(server, query="max_tokens=5"),
+        "openai-realtime",
+        "workload.session={output_modalities = ['text', 'audio']}",
+        "workload.audio_chunk_ms=20",
+        "audio.kind='tone'",
+        "audio.sample_rate=16000",
+    )
+    turns = [json.loads(d) for _, d in events(db_path, result.run_id, "turn")]
+    assert len(turns) >= 3
+    for t in turns:
+        assert t["audio_s"] == pytest.approx(5 * 0.04)
+        assert t["audio_rtf"] > 0 and t["underruns"] >= 0
+    (summary,) = rows(db_path, "SELECT summary FROM runs WHERE id = ?", result.run_id)[0]
+    rt = json.loads(summary)["realtime"]
+    assert rt["audio_chunks_dropped"] == 0 and rt["audio_rtf"]["p50"] > 0
+    # 5 s of a 16 kHz tone in 20 ms chunks: ~250 (the last frame's may still wait at the end)
+    assert 200 <= rt["audio_chunks_sent"] <= 260
+
+
+def test_a_player_counts_an_underrun_for_each_chunk_that_comes_after_the_buffer_ran_dry():
+    """Three 40 ms chunks at 0, 20 and 100 ms: the second extends the buffer to 80 ms, the
+    third comes after it ran dry (one underrun); 0.12 s received over 0.1 s."""
+    from soakd.workloads.realtime.client import Turn
+
+    t = Turn(1, "q", 0, None, None, audio_rate=24000)
+    chunk = bytes(2 * 960)  # 40 ms at 24 kHz
+    for at_ms in (0, 20, 100):
+        t.delta(at_ms * 1_000_000, audio=chunk)
+    t.done_ns = 100_000_000
+    m = t.measures()
+    assert m["underruns"] == 1
+    assert m["audio_s"] == pytest.approx(0.12)
+    assert m["audio_rtf"] == pytest.approx(1.2)
