@@ -29,6 +29,7 @@ BENCHMARKS: tuple[str, ...] = (
     "telemetry_overhead",
     "verdict",
     "openai_client",
+    "realtime_session",
     "dbsize",
     "leak",
 )

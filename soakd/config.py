@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -202,6 +203,9 @@ class _Section(BaseModel):
 MAX_STREAMS = 256
 #: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
 SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game", "realtime")
+#: the workload kinds that drive a model behind a network endpoint: its server's process and
+#: metrics are sampled and judged too (telemetry/server.py, analysis/server.py)
+SERVED_KINDS: tuple[str, ...] = ("openai", "realtime")
 
 
 class RunSettings(_Section):
@@ -583,6 +587,67 @@ class OpenAIWorkloadSettings(_Section):
         return v
 
 
+def _check_ws_url(v: str) -> str:
+    """A ``ws://`` or ``wss://`` URL with a host; a password in it is refused (it would be
+    stored with the run's settings): the key goes in ``api_key_env``."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(v)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError(
+            f"must be a ws:// or wss:// URL such as 'ws://127.0.0.1:8000/v1/realtime', got {v!r}"
+        )
+    if parts.password is not None or parts.username is not None:
+        raise ValueError("must not carry a user or password: put the key in workload.api_key_env")
+    if parts.fragment:
+        raise ValueError(f"must not carry a fragment, got {v!r}")
+    return v
+
+
+WsUrl = Annotated[str, AfterValidator(_check_ws_url)]
+
+
+class RealtimeWorkloadSettings(_Section):
+    """A realtime session server: OpenAI's Realtime event vocabulary (OpenAI, Azure, vLLM,
+    vLLM-Omni, NVIDIA NIMs, Qwen-Omni-Realtime) or vLLM-Omni's streaming video input."""
+
+    kind: Literal["realtime"] = "realtime"
+    protocol: Literal["openai-realtime", "vllm-omni-video"] = "openai-realtime"
+    url: WsUrl = "ws://127.0.0.1:8000/v1/realtime"
+    model: str | None = None  # openai-realtime: sent as ?model= and in session.update
+    api_key_env: str | None = None  # the environment variable holding the key (never stored)
+    instructions: str | None = None
+    # passed through in session.update / session.config (modalities, turn detection, ...)
+    session: dict[str, Any] = Field(default_factory=dict)
+    jpeg_quality: int = Field(85, ge=1, le=100)
+    short_side: int | None = Field(None, ge=14, le=8192)  # resize before encoding
+    audio_chunk_ms: int = Field(40, ge=20, le=100)  # the [audio] source, sent in chunks this long
+    output_audio_rate: int = Field(24000, ge=8000, le=192000)  # Hz of the PCM16 audio out
+    question: str = Field("What is happening now?", min_length=1)
+    question_every_s: Duration | None = Field(5.0, gt=0)  # None: only the timed questions
+    questions: tuple[SessionQuestion, ...] = ()  # asked at_s seconds into the run
+    response_timeout_s: Duration = Field(30.0, gt=0)  # a turn with no done event this long
+    connect_timeout_s: Duration = Field(10.0, gt=0)  # setup: the handshake and first event
+    # the server unreachable (every reconnect refused) for this long ends the run (INVALID)
+    unreachable_timeout_s: Duration = Field(30.0, gt=0)
+    reconnect_backoff_s: Duration = Field(0.5, gt=0)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"must name an environment variable, got {v!r}")
+        return v
+
+    @field_validator("questions")
+    @classmethod
+    def _in_time_order(cls, v: tuple[SessionQuestion, ...]) -> tuple[SessionQuestion, ...]:
+        for a, b in itertools.pairwise(v):
+            if b.at_s < a.at_s:
+                raise ValueError(f"questions must be in time order (at_s {b.at_s:g} < {a.at_s:g})")
+        return v
+
+
 #: request body keys soakd sets itself -> the [workload] key that sets them
 OPENAI_OWN_KEYS: dict[str, str] = {
     "model": "model",
@@ -642,9 +707,6 @@ class PluginWorkload(_DeclaredDevice):
 
     kind: str
 
-
-# a kind that owns its settings beside its code, composed here (it imports the types above)
-from soakd.workloads.realtime.settings import RealtimeWorkloadSettings  # noqa: E402
 
 BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
     "synthetic": SyntheticWorkload,

@@ -71,6 +71,8 @@ class TinyModel:
         self.processor = AutoProcessor.from_pretrained(path)
         self.model = LlavaForConditionalGeneration.from_pretrained(path).eval()
         self.lock = threading.Lock()  # one generation at a time (one CPU model)
+        for _ in range(2):  # warmed before READY, as a server is before it takes traffic
+            self.generate(None, "warm up", 6, lambda text: None)
 
     def generate(self, image: Any, question: str, n: int, put: Any) -> int:
         """Generate ``n`` tokens about ``image``; ``put(text)`` is called per token from this
@@ -349,7 +351,8 @@ class Session:
         elif t == "video.query":
             self.question = ev.get("text") or self.question
             await self.answer()
-        elif t == "video.done":
+        elif t == "video.done":  # the published example client waits for session.done
+            await self.send({"type": "session.done"})
             return False
         else:
             await self.send({"type": "error", "message": f"unknown event {t!r}"})

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis.model import FAIL, CriterionResult, RunData, RunMeta
-from soakd.config import SERVER_KV_METRICS, SERVER_WAITING_METRICS
+from soakd.config import SERVED_KINDS, SERVER_KV_METRICS, SERVER_WAITING_METRICS
 
 #: (criterion, sample column, title) of the server's memory criteria
 SERVER_MEMORY_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -50,8 +50,8 @@ QUEUE_TITLE = "Server queue not rising"
 
 
 def is_served(meta: RunMeta) -> bool:
-    """The run drove a model behind an HTTP endpoint (its server is judged too)."""
-    return meta.workload_kind == "openai"
+    """The run drove a model behind a network endpoint (its server is judged too)."""
+    return meta.workload_kind in SERVED_KINDS
 
 
 def _telemetry(meta: RunMeta) -> dict[str, object]:

@@ -38,11 +38,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import psutil
 
+from soakd.config import SERVED_KINDS
 from soakd.errors import UsageError
 from soakd.records import ServerMetric
 from soakd.telemetry.probes import Probe, Values
@@ -81,6 +82,17 @@ def _escaped(value: str) -> str:
 
 
 # --------------------------------------------------------------------------- the process
+
+
+def endpoint_url(settings: Any) -> str:
+    """The served model's HTTP root: ``workload.base_url``, or a realtime workload's
+    ``workload.url`` as http(s) (ws -> http, wss -> https; vLLM serves /metrics there too)."""
+    w = settings.workload
+    if w.kind != "realtime":
+        return str(w.base_url)
+    p = urlsplit(w.url)
+    scheme = "https" if p.scheme == "wss" else "http"
+    return urlunsplit((scheme, p.netloc, "", "", ""))
 
 
 def _host_port(base_url: str) -> tuple[str, int]:
@@ -180,7 +192,7 @@ def find_server(settings: Any) -> tuple[int, Path | None, str]:
     """(pid, cgroup ``memory.current`` file or None, how it was found) of the model server:
     ``telemetry.server_pid``, else ``telemetry.server_unit``, else the process listening on
     the endpoint's port when its host is this one. Raises ``ServerNotFound``."""
-    t, base = settings.telemetry, settings.workload.base_url
+    t, base = settings.telemetry, endpoint_url(settings)
     if t.server_pid is not None:
         pid, mem, how = t.server_pid, None, "telemetry.server_pid"
     elif t.server_unit is not None:
@@ -558,7 +570,7 @@ def metrics_url(settings: Any) -> str | None:
         return None
     if url is not None:
         return str(url)
-    p = urlsplit(settings.workload.base_url)
+    p = urlsplit(endpoint_url(settings))
     return f"{p.scheme}://{p.netloc}/metrics"
 
 
@@ -576,7 +588,7 @@ def server_probes(settings: Any, log: Any = None) -> list[Probe]:
     its process tree unless ``server_process = "off"`` with no pid or unit named, and its
     /metrics unless ``"off"`` (the default URL only when it answers now; an explicit one
     always: it may come up later). Raises ``ServerNotFound`` when the process is not found."""
-    if settings.workload.kind != "openai":
+    if settings.workload.kind not in SERVED_KINDS:
         return []
     t = settings.telemetry
     probes: list[Probe] = []

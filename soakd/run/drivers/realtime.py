@@ -200,6 +200,7 @@ class _Driver:
             "protocol": wl.s.protocol,
             "frames_sent": self.sent,
             "frames_dropped_backpressure": wl.dropped,
+            "audio_chunks_sent": wl.audio_sent,
             "audio_chunks_dropped": wl.audio_dropped,
             "turns": len(self.turns),
             "turns_failed": len(self.turns) - len(ok),

@@ -43,11 +43,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import cv2
 import numpy as np
 
+from soakd.config import RealtimeWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import WorkloadContext, WorkloadError
 from soakd.workloads.hf import resize_short_side
 from soakd.workloads.realtime.protocol import DIALECTS, MalformedEvent, Parsed, parse_event
-from soakd.workloads.realtime.settings import RealtimeWorkloadSettings
 
 #: seconds of audio the send queue holds before its oldest chunks are dropped
 AUDIO_QUEUE_S = 2.0
@@ -154,8 +154,9 @@ class Turn:
             out["per_token_ms"] = round((self.last_text_ns - self.first_ns) / 1e6 / (tokens - 1), 3)
         if self.audio_bytes:
             audio_s = self.audio_bytes / 2 / self.audio_rate
-            end = self.done_ns or self.last_delta_ns
-            wall = (end - self.audio_first_ns) / 1e9 if end and self.audio_first_ns else 0.0
+            end = self.done_ns if self.done_ns is not None else self.last_delta_ns
+            first = self.audio_first_ns
+            wall = (end - first) / 1e9 if end is not None and first is not None else 0.0
             out["audio_s"] = round(audio_s, 4)
             out["audio_rtf"] = round(audio_s / wall, 4) if wall > 0 else None
             out["underruns"] = self.underruns
@@ -230,6 +231,7 @@ class RealtimeSession:
         self.failed: str | None = None  # the session cannot go on: the run ends INVALID
         self.dropped = 0  # frames replaced in the slot (latest-frame rule)
         self.audio_dropped = 0  # audio chunks dropped from a full queue
+        self.audio_sent = 0  # audio chunks the socket took
         self.counts: dict[str, int] = {
             "reconnects": 0,
             "expired": 0,
@@ -462,6 +464,7 @@ class RealtimeSession:
             try:
                 for c in audio:
                     ws.send(json.dumps(self.dialect.audio(c)))
+                    self.audio_sent += 1
                 if frame is not None:
                     self._send_frame(ws, *frame)
                 for turn in asks:

@@ -180,9 +180,10 @@ class VllmOmniVideo:
     def hello(
         session: dict[str, Any], instructions: str | None, model: str | None
     ) -> list[dict[str, Any]]:
+        # the contract has no instructions field: prompts go in workload.session
         body: dict[str, Any] = {"type": "session.config", **session}
-        if instructions is not None:
-            body.setdefault("system_prompt", instructions)
+        if model is not None:
+            body.setdefault("model", model)
         return [body]
 
     @staticmethod
