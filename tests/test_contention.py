@@ -27,6 +27,7 @@ def _soak(db: Path, *sets: str, duration: str = "8") -> str:
     """A real soak of the synthetic workload (its stored run id)."""
     argv = soakd_cmd("run", "--no-live", "--db", str(db), *SYNTH_CLI, "--duration", duration,
                      "--set", "run.sample_interval_ms=100", "--set", "run.warmup_s=1",
+                     "--set", "criteria.contended_cpu_pct=75",  # the default (SYNTH_CLI: off)
                      *(a for kv in sets for a in ("--set", kv)))  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1, 3), done.stderr[-2000:]
@@ -104,7 +105,8 @@ def test_model_spikes_fail_off_contention_and_are_invalid_only_all_under_it(
     """One real soak of a model with planted spikes, its host telemetry set three ways:
     quiet throughout, FAIL; other processes on every CPU for the first half and quiet after,
     still FAIL (the quiet half's spikes are the model's) with the contended ones counted;
-    contended throughout, INVALID "the host was contended" (never PASS)."""
+    contended throughout, INVALID "the host was contended" (never PASS), and FAIL again with
+    ``contended_cpu_pct = 100`` (the rule off)."""
     db = tmp_path / "soakd.db"
     rid = _soak(db, *_SPIKY)
     _host(db, "0")
@@ -119,6 +121,7 @@ def test_model_spikes_fail_off_contention_and_are_invalid_only_all_under_it(
     busy = _jitter(db, rid)
     assert busy.status == "invalid", busy.detail
     assert busy.detail.startswith("the host was contended: 100% of the "), busy.detail
+    assert _jitter(db, rid, contended_cpu_pct=100.0).status == "fail"  # 100: the rule is off
 
 
 @pytest.mark.slow

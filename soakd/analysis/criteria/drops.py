@@ -182,7 +182,7 @@ def judge_drops(ctx: Context) -> CriterionResult:
     detail = f"{loss.lost:.0f} of {loss.ticks:.0f} frames lost ({loss.words()})"
     if accelerating and end_rate:
         detail += f"; drop rate rising, {end_rate:.1%} by the end"
-    if status == FAIL and not dg:
+    if status == FAIL and not dg and c.contended_cpu_pct < 100:  # 100: off
         cn = contention(ctx, rates, lost_w, cap_w, loss)
         ev["contention"] = cn
         if cn is not None and not cn["quiet_fails"]:
