@@ -10,9 +10,10 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.contention import others_during
-from soakd.analysis.criteria.base import Context, trend_fields
+from soakd.analysis.criteria.base import Context, EarlyFail, Live, trend_fields
 from soakd.analysis.losses import Losses, count_losses
 from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, RunData, age_window_s
+from soakd.config import CriteriaSettings
 
 
 def _loss_counters(
@@ -221,3 +222,17 @@ def _contended_detail(cn: dict[str, Any]) -> str:
         f"{cn['lost_unwindowed']:.0f} missed or left at the end: soak on a quiet host or pin "
         "CPUs"
     )
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """Losses only add up: once those counted so far exceed ``max_drop_fraction`` of every
+    tick the planned run can have, the fraction cannot end under the limit (a run ended
+    now has fewer ticks, so a larger fraction)."""
+    most = live.planned_ticks()
+    if most > 0 and live.lost > crit.max_drop_fraction * most:
+        why = (
+            f"{live.lost} frames lost already, over {crit.max_drop_fraction:g} of the "
+            f"{most:.0f} ticks the whole run can have"
+        )
+        return EarlyFail("drops", why)
+    return None
