@@ -2,7 +2,8 @@
 bounded Python CPU spinners and beside stress-ng, and what the jitter criterion says of
 each (docs/verdict.md, "Host contention", quotes the table this prints).
 
-    .venv/bin/python -m bench.contention                 # every model x load, 2 seeds (~8 min)
+    .venv/bin/python -m bench.contention --keep DIR      # 4 models x 5 loads x 2 seeds (10-25 min)
+    .venv/bin/python -m bench.contention --judge DIR     # the table of kept runs, judged again
     .venv/bin/python -m bench.contention --seeds 1 --duration 10
 
 Each row is one ``soakd run`` subprocess on its own database, the load started before it and
