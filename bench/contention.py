@@ -2,7 +2,8 @@
 bounded Python CPU spinners and beside stress-ng, and what the jitter criterion says of
 each (docs/verdict.md, "Host contention", quotes the table this prints).
 
-    .venv/bin/python -m bench.contention                 # every model x load, 2 seeds (~8 min)
+    .venv/bin/python -m bench.contention --keep DIR      # 4 models x 5 loads x 2 seeds (10-25 min)
+    .venv/bin/python -m bench.contention --judge DIR     # the table of kept runs, judged again
     .venv/bin/python -m bench.contention --seeds 1 --duration 10
 
 Each row is one ``soakd run`` subprocess on its own database, the load started before it and
@@ -172,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=12.0)
     p.add_argument("--keep", type=Path, default=None, help="keep the run databases here")
     p.add_argument("--models", nargs="*", default=[m.name for m in MODELS])
+    p.add_argument("--judge", type=Path, default=None, help="only re-judge the --keep folder")
     args = p.parse_args(argv)
+    if args.judge is not None:
+        return rejudge(args.judge)
     folder = Path(tempfile.mkdtemp()) if args.keep is None else args.keep
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -198,10 +202,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def rejudge(folder: Path) -> int:
+    """The table of a kept folder's runs (``MODEL-LOAD-SEED.db``), judged by this soakd."""
+    rows = []
+    by_name = {m.name: m for m in MODELS}
+    for db in sorted(folder.glob("*.db")):
+        model = next(m for n, m in by_name.items() if db.stem.startswith(f"{n}-"))
+        load = db.stem[len(model.name) + 1 :].rsplit("-", 1)[0].replace("_", " ")
+        rows.append({"model": model, "load": load, **judged(db)})
+    print(table(rows))
+    return 0
+
+
 def table(rows: list[dict[str, object]]) -> str:
     out = [
-        "| model | load | runs | jitter FAIL | INVALID (contended) | PASS | others' CPU, median |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| model | load | runs | jitter FAIL | INVALID (contended) | PASS | FAIL without the "
+        "contention rule (stored verdict) | others' CPU, median |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     keys = dict.fromkeys((r["model"], r["load"]) for r in rows)
     for model, load in keys:
@@ -211,7 +228,7 @@ def table(rows: list[dict[str, object]]) -> str:
         share = "-" if not oth else ", ".join(f"{o:.0f} %" for o in oth)  # type: ignore[str-format]
         out.append(
             f"| {model.name}: {model.what} | {load} | {len(rs)} | {n['fail']} | "  # type: ignore[attr-defined]
-            f"{n['invalid']} | {n['pass']} | {share} |"
+            f"{n['invalid']} | {n['pass']} | {sum(r['stored'] == 'fail' for r in rs)} | {share} |"
         )
     return "\n".join(out)
 

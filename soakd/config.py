@@ -891,7 +891,8 @@ class CriteriaSettings(_Section):
     # a spike must also be longer than this (ms; 0 = off): sub-millisecond stages
     jitter_min_ms: float = Field(0.0, ge=0)
     # other processes holding this share (%) of the host's CPUs make a tick contended: a
-    # jitter FAIL only contended frames make is INVALID (docs/verdict.md, host contention)
+    # jitter or drops FAIL only contended frames make is INVALID (docs/verdict.md, host
+    # contention); 100: off, every frame is the model's
     contended_cpu_pct: float = Field(75.0, gt=0, le=100)
     max_errors: int = Field(0, ge=0)
     # generators: the playback rate the generated frames must sustain (output interval p95

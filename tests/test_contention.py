@@ -27,6 +27,7 @@ def _soak(db: Path, *sets: str, duration: str = "8") -> str:
     """A real soak of the synthetic workload (its stored run id)."""
     argv = soakd_cmd("run", "--no-live", "--db", str(db), *SYNTH_CLI, "--duration", duration,
                      "--set", "run.sample_interval_ms=100", "--set", "run.warmup_s=1",
+                     "--set", "criteria.contended_cpu_pct=75",  # the default (SYNTH_CLI: off)
                      *(a for kv in sets for a in ("--set", kv)))  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1, 3), done.stderr[-2000:]
@@ -34,12 +35,13 @@ def _soak(db: Path, *sets: str, duration: str = "8") -> str:
         return str(conn.execute("SELECT id FROM runs").fetchone()[0])
 
 
-def _jitter(db: Path, rid: str, **over: object) -> CriterionResult:
-    """The run re-judged from its rows (``soakd gate RUN_ID``), ``over`` set in [criteria]."""
+def _jitter(db: Path, rid: str, criterion: str = "jitter", **over: object) -> CriterionResult:
+    """The run re-judged from its rows (``soakd gate RUN_ID``), ``over`` set in [criteria]:
+    its ``criterion``."""
     with sqlite3.connect(db) as conn:
         crit, _ = criteria_of(load_run_data(conn, rid))
         _, v = evaluate(conn, rid, crit.model_copy(update=over))
-    j = v.get("jitter")
+    j = v.get(criterion)
     assert j is not None
     return j
 
@@ -90,10 +92,10 @@ def test_a_healthy_soak_beside_cpu_spinners_is_not_a_jitter_fail(tmp_path: Path)
         assert not cn["quiet_fails"], cn
 
 
-#: a 5 ms model with a 60 ms spike every 10th frame: the model's own periodic spikes
+#: a 5 ms model with a 100 ms spike every 10th frame: the model's own periodic spikes
 _SPIKY = (
     "workload.infer_ms=5", "workload.pre_ms=0", "workload.decode_ms=0",
-    "workload.jitter=0.05", "workload.spike_every=10", "workload.spike_ms=60", "run.fps=25",
+    "workload.jitter=0.05", "workload.spike_every=10", "workload.spike_ms=100", "run.fps=25",
 )  # fmt: skip
 
 
@@ -104,11 +106,16 @@ def test_model_spikes_fail_off_contention_and_are_invalid_only_all_under_it(
     """One real soak of a model with planted spikes, its host telemetry set three ways:
     quiet throughout, FAIL; other processes on every CPU for the first half and quiet after,
     still FAIL (the quiet half's spikes are the model's) with the contended ones counted;
-    contended throughout, INVALID "the host was contended" (never PASS)."""
+    contended throughout, INVALID "the host was contended" (never PASS), and FAIL again with
+    ``contended_cpu_pct = 100`` (the rule off). The frames its spikes drop: drops FAILs on
+    the quiet host, INVALID on the contended one."""
     db = tmp_path / "soakd.db"
     rid = _soak(db, *_SPIKY)
     _host(db, "0")
     assert _jitter(db, rid).status == "fail"
+    # each 105 ms spike outlasts two 40 ms periods: a frame captured meanwhile is dropped
+    quiet = _jitter(db, rid, "drops")
+    assert quiet.status == "fail", quiet.detail
     _host(db, "CASE WHEN t < 5 THEN 100 ELSE 0 END")
     half = _jitter(db, rid)
     assert half.status == "fail", half.detail
@@ -119,6 +126,9 @@ def test_model_spikes_fail_off_contention_and_are_invalid_only_all_under_it(
     busy = _jitter(db, rid)
     assert busy.status == "invalid", busy.detail
     assert busy.detail.startswith("the host was contended: 100% of the "), busy.detail
+    drops = _jitter(db, rid, "drops")
+    assert drops.status == "invalid" and drops.detail.startswith("the host was contended"), drops
+    assert _jitter(db, rid, contended_cpu_pct=100.0).status == "fail"  # 100: the rule is off
 
 
 @pytest.mark.slow

@@ -331,3 +331,24 @@ def test_a_jitter_fail_under_a_real_cpu_hog_names_host_load(tmp_path: Path) -> N
     assert jitter == ("fail",), out
     host = [line for line in out.splitlines() if "host load" in line]
     assert host and re.search(r"kept \d+ % of the host's \d+ CPUs busy", host[0]), out
+
+
+def test_frames_dropped_while_the_host_is_contended_blame_the_host_not_the_model() -> None:
+    """Frames dropped from the queue only in the second half of a run, where other
+    processes hold 90 % of the host's 2 CPUs (10 % before): drops is INVALID for contention
+    and the hint names the host as the bottleneck, not the model."""
+    d = planted(dur=120.0, fps=30.0, warm=2.0)
+    t = d.frames["t_capture"]
+    lost = (t > 60) & (np.arange(t.size) % 5 == 0)  # a fifth of the second half's frames
+    d.frames["drop_count"] = np.cumsum(lost).astype(float)
+    n, dropped = d.n_frames, int(lost.sum())
+    d.meta.summary = _summary(d, frames_captured=n + dropped, drops=dropped)
+    d.meta.environment = {"cpu_count": 2}
+    st = d.samples["t"]
+    d.samples["host_cpu_pct"] = np.where(st > 60, 90.0, 10.0) + d.samples["cpu_pct"] / 2
+    v = judge(d, CRIT)
+    drops = v.get("drops")
+    assert drops is not None and drops.status == "invalid", drops
+    assert drops.detail.startswith("the host was contended"), drops.detail
+    assert any(h.startswith("the host is the bottleneck") for h in v.hints), v.hints
+    assert not any("the model is the bottleneck" in h for h in v.hints), v.hints

@@ -293,7 +293,10 @@ def test_a_tiny_session_run_is_judged_on_the_stages_soakd_times(
     assert res.status == "completed", res.reason
     assert res.verdict is not None
     jitter = res.verdict.get("jitter")
-    assert jitter is not None and jitter.status in ("pass", "fail"), jitter
+    # judged (pass or fail; invalid only when this busy machine's contention made the spikes)
+    assert jitter is not None and jitter.status in ("pass", "fail", "invalid"), jitter
+    if jitter.status == "invalid":
+        assert jitter.detail.startswith("the host was contended"), jitter.detail
     assert jitter.evidence["source"] == "infer_ms"
     conn = sqlite3.connect(db_path)
     conn.row_factory = sqlite3.Row

@@ -2,7 +2,7 @@
 
 Run it (from the repository root, or anywhere this file's folder is on PYTHONPATH)::
 
-    PYTHONPATH=docs/examples soakd run --duration 20s \
+    PYTHONPATH=docs/examples soakd run --duration 60s \
         --set workload.kind=python --set workload.factory=my_workload:make \
         --set 'workload.options={kernel = 5}'
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from soakd.analysis import chunks, stats
 from soakd.analysis.contention import other_cpu_pct
-from soakd.analysis.model import FAIL, MIB, PASS, RunData, Verdict, age_window_s
+from soakd.analysis.model import FAIL, INVALID, MIB, PASS, RunData, Verdict, age_window_s
 from soakd.config import CriteriaSettings
 from soakd.records import STAGE_COLUMNS
 
@@ -191,7 +191,14 @@ def _loss_hints(data: RunData, verdict: Verdict) -> list[str]:
             f"{missed:.0f} ticks missed (this run did not record whether by source or pause)"
         )
     model = sum(float(ev.get(k) or 0) for k in _MODEL_LOSSES)
-    if model >= floor:
+    cn = ev.get("contention") if c.status == INVALID else None
+    if model >= floor and cn:
+        hints.append(
+            f"the host is the bottleneck for {cn['lost_contended']:.0f} of {ticks:.0f} ticks: "
+            f"captured but not finished while other processes held >= "
+            f"{cn['contended_cpu_pct']:g} % of the host's CPUs (see drops), not the model"
+        )
+    elif model >= floor:
         hints.append(
             f"the {'model server' if data.meta.workload_kind == 'openai' else 'model'} is the "
             f"bottleneck for {model:.0f} of {ticks:.0f} ticks: captured but "

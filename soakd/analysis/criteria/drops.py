@@ -10,9 +10,10 @@ import numpy as np
 
 from soakd.analysis import stats
 from soakd.analysis.contention import others_during
-from soakd.analysis.criteria.base import Context, trend_fields
+from soakd.analysis.criteria.base import Context, EarlyFail, Live, trend_fields
 from soakd.analysis.losses import Losses, count_losses
 from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, RunData, age_window_s
+from soakd.config import CriteriaSettings
 
 
 def _loss_counters(
@@ -182,7 +183,7 @@ def judge_drops(ctx: Context) -> CriterionResult:
     detail = f"{loss.lost:.0f} of {loss.ticks:.0f} frames lost ({loss.words()})"
     if accelerating and end_rate:
         detail += f"; drop rate rising, {end_rate:.1%} by the end"
-    if status == FAIL and not dg:
+    if status == FAIL and not dg and c.contended_cpu_pct < 100:  # 100: off
         cn = contention(ctx, rates, lost_w, cap_w, loss)
         ev["contention"] = cn
         if cn is not None and not cn["quiet_fails"]:
@@ -221,3 +222,17 @@ def _contended_detail(cn: dict[str, Any]) -> str:
         f"{cn['lost_unwindowed']:.0f} missed or left at the end: soak on a quiet host or pin "
         "CPUs"
     )
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """Losses only add up: once those counted so far exceed ``max_drop_fraction`` of every
+    tick the planned run can have, the fraction cannot end under the limit (a run ended
+    now has fewer ticks, so a larger fraction)."""
+    most = live.planned_ticks()
+    if most > 0 and live.lost > crit.max_drop_fraction * most:
+        why = (
+            f"{live.lost} frames lost already, over {crit.max_drop_fraction:g} of the "
+            f"{most:.0f} ticks the whole run can have"
+        )
+        return EarlyFail("drops", why)
+    return None

@@ -303,7 +303,7 @@ def judge_jitter(ctx: Context, history: Sequence[float]) -> CriterionResult:
     warnings = [k_note] if c.jitter_k == "history" and "default" in k_note else []
     # the k-th largest frame over k x median (and the floor): more frames over it than allowed
     failing = kth > max(k * med, floor) or (ex["exceed_count"] >= 4 and ex["exceed_periodic"])
-    if failing and src is not None:
+    if failing and src is not None and c.contended_cpu_pct < 100:  # 100: off
         cn = contention(ctx, src, max(k * med, floor))
         ev["contention"] = cn
     status = FAIL if failing else PASS
