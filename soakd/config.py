@@ -179,6 +179,18 @@ def _check_labels(v: Any) -> dict[str, str]:
 
 
 Labels = Annotated[dict[str, str], BeforeValidator(_check_labels)]
+
+
+def _check_name(v: str | None) -> str | None:
+    """``run.name``: printable text (a NUL, an ANSI escape or a newline would be printed by
+    `soakd runs` and `show` as it is: a garbled terminal, a forged line)."""
+    bad = next((c for c in v or "" if not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"must be printable text, got {bad!r} in {v!r}")
+    return v
+
+
+RunName = Annotated[str | None, AfterValidator(_check_name)]
 Device = Annotated[str, AfterValidator(_check_device)]  # cpu | cuda | cuda:N | mps
 FactoryRef = Annotated[str, AfterValidator(_check_factory)]  # "package.module:function"
 # how a staged workload on a torch device is timed: "sync" ends each stage after
@@ -211,7 +223,7 @@ SERVED_KINDS: tuple[str, ...] = ("openai", "realtime")
 class RunSettings(_Section):
     """``[run]``: pacing, queue, sampling and where the run database lives."""
 
-    name: str | None = None  # a name stored with the run
+    name: RunName = None  # a name stored with the run (printable text)
     # what the run belongs to (release = "1.4.0", cell = "..."): stored, shown, exported to
     # Prometheus, filtered on by `runs --label` and judged together by `gate --label`
     labels: Labels = Field(default_factory=dict)
@@ -246,9 +258,24 @@ class RunSettings(_Section):
         decided (soakd/run/auto_duration.py)."""
         if not (isinstance(data, dict) and _is_auto(data.get("duration"))):
             return data
-        out = {**data, "duration": data.get("max_duration", 3600.0), "auto_duration": True}
+        out = {
+            **data,
+            "duration": _planned(data.get("max_duration", 3600.0)),
+            "auto_duration": True,
+        }
         out.setdefault("stop_on_fail", True)
         return out
+
+
+def _planned(max_duration: Any) -> float:
+    """An auto run's planned length: ``max_duration`` when it is a usable duration, else the
+    default (``max_duration``'s own check then names the bad value as run.max_duration, not
+    as run.duration, which the user did not set to it)."""
+    try:
+        seconds = parse_duration(max_duration)
+    except ValueError:
+        return 3600.0
+    return seconds if 0 < seconds <= MAX_DURATION_S else 3600.0
 
 
 class SourceSettings(_Section):

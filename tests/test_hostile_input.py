@@ -4,6 +4,8 @@ never a traceback, never a run that dies later (exit 4) or leaves no verdict."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import sqlite3
@@ -20,6 +22,7 @@ from click.testing import CliRunner, Result
 from pydantic import BaseModel
 
 from soakd import config
+from soakd.analysis.model import MIN_WINDOWS
 from soakd.cli import app, main
 from soakd.config import ConfigError, load_settings
 from soakd.records import FrameRecord
@@ -395,11 +398,11 @@ def test_a_run_count_past_2_53_is_a_usage_error_not_an_overflow(tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def passing_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real 3 s synthetic soak that PASSes (stored by `soakd run`): copied and damaged by
-    the tests below."""
+    """A real 6 s synthetic soak that PASSes (stored by `soakd run`; 3 s was seen INVALID on
+    a busy machine: too few frame-age windows): copied and damaged by the tests below."""
     db = tmp_path_factory.mktemp("passing") / "soakd.db"
     p = subprocess.run(
-        soakd_cmd("run", "--db", str(db), "--duration", "3", "--fps", "20", "--no-live",
+        soakd_cmd("run", "--db", str(db), "--duration", "6", "--fps", "20", "--no-live",
                   *SYNTH_CLI),
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip
@@ -586,3 +589,122 @@ def test_merge_checks_every_input_before_writing_any(passing_db: Path, tmp_path:
     line = one_error(r.stderr)
     assert r.exit_code == 2 and line.startswith(f"soakd: error: {bad}: ") and "damaged" in line
     assert not out.exists()
+
+
+# --- issue 32: wording and small faults
+
+
+def test_a_bad_max_duration_is_named_as_run_max_duration(tmp_path: Path) -> None:
+    """`run.duration = "auto"` with a bad run.max_duration names run.max_duration, not
+    run.duration (which the user set to "auto")."""
+    for bad in ("bogus", "-5", "1e308"):
+        r = cli("run", "--db", _missing_db(tmp_path), "--set", "run.duration=auto",
+                "--set", f"run.max_duration={bad}")  # fmt: skip
+        line = one_error(r.stderr)
+        assert r.exit_code == 2 and line.startswith("soakd: error: run.max_duration: "), line
+
+
+def test_a_run_name_with_control_characters_is_refused_and_printed_escaped(
+    passing_db: Path, tmp_path: Path
+) -> None:
+    """A run.name holding an ANSI escape is refused at input (exit 2, naming run.name); one
+    already in a database (written by hand, with a NUL) is printed escaped by `runs` and
+    `show`, never as raw control characters."""
+    r = cli("run", "--db", _missing_db(tmp_path), "--set", 'run.name="a\\u001b[2Jb"')
+    assert r.exit_code == 2 and one_error(r.stderr).startswith("soakd: error: run.name: ")
+    db = _copy(passing_db, tmp_path, "UPDATE runs SET name = 'ev' || char(0) || 'il' || char(27)")
+    for command in ("runs", "show"):
+        r = cli(command, *([] if command == "runs" else ["--latest"]), "--db", str(db))
+        assert r.exit_code == 0 and "\x00" not in r.stdout and "\x1b" not in r.stdout
+        assert "ev\\x00il\\x1b" in r.stdout, r.stdout[-2000:]
+
+
+def test_export_jsonl_writes_an_infinity_as_a_string_not_invalid_json(
+    passing_db: Path, tmp_path: Path
+) -> None:
+    """`export -f jsonl` of a row holding ±inf writes strict JSON (the strings "inf" and
+    "-inf"), not `Infinity`, which JSON parsers other than Python's refuse."""
+    inf = "UPDATE frames SET infer_ms = 9e999, pre_ms = -9e999 WHERE frame_id = 30"
+    db = _copy(passing_db, tmp_path, inf)
+    r = cli("export", "--latest", "--db", str(db), "-f", "jsonl")
+    assert r.exit_code == 0
+
+    def strict(name: str) -> Any:
+        raise ValueError(f"not JSON: {name}")
+
+    rows = [json.loads(line, parse_constant=strict) for line in r.stdout.splitlines()]
+    (row,) = [x for x in rows if x["frame_id"] == 30]
+    assert (row["infer_ms"], row["pre_ms"]) == ("inf", "-inf")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["runs"], ["show", "--latest"], ["gate", "--latest"], ["report", "--latest"], ["export"]],
+)
+def test_a_full_device_is_exit_4_for_every_command_with_o(
+    passing_db: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """`-o /dev/full` and stdout on /dev/full are one line saying the device is full and
+    exit 4 for every command (the README's table: the environment failed), as for export:
+    not 2 for some commands and a Traceback for a full stdout."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    latest = ["--latest"] if command == ["export"] else []
+    cmd = [sys.executable, "-m", "soakd", *command, *latest, "--db", str(passing_db)]
+    for tail in (["-o", "/dev/full"], []):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([*cmd, *tail], stdout=full, stderr=subprocess.PIPE, text=True,
+                               cwd=REPO, timeout=120)  # fmt: skip
+        line = one_error(p.stderr)
+        assert p.returncode == 4 and "No space left on device" in line, (tail, p.stderr[-2000:])
+
+
+def test_a_failing_systemctl_is_named_in_its_own_words(tmp_path: Path) -> None:
+    """telemetry.server_unit where systemctl fails (no systemd, no bus) says so in
+    systemctl's words, not "not running (MainPID ?)"."""
+    from soakd.telemetry.server import ServerNotFound, unit_process
+
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Failed to connect to bus: Host is down' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    try:
+        with pytest.raises(ServerNotFound, match="systemctl failed: Failed to connect to bus"):
+            unit_process("vllm.service")
+    finally:
+        mp.undo()
+
+
+def test_a_run_stopped_by_its_stall_timeout_says_it_was_reached(tmp_path: Path) -> None:
+    """A run aborted because a frame hung past the stall timeout says the timeout was
+    reached ("stall timeout N s reached"), not "(stall timeout N s not reached)"."""
+    db = tmp_path / "soakd.db"
+    p = subprocess.run(
+        soakd_cmd("run", "--db", str(db), "--duration", "8", "--fps", "20", "--no-live",
+                  *SYNTH_CLI, "--set", "workload.stall_after_s=2"),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 3 and _sql(db, "SELECT reason FROM runs") == [("stalled",)]
+    r = cli("gate", "--latest", "--db", str(db), "-f", "json")
+    assert "s reached: the run was stopped" in r.stdout and "not reached" not in r.stdout
+
+
+def test_too_short_advice_rounds_the_length_up(tmp_path: Path) -> None:
+    """The length a too-short run is told to reach is rounded up: a floor window of 0.34 s
+    needs MIN_WINDOWS (12) of them, 4.08 s, advised as `>= 5 s`, not `>= 4 s` (which would
+    still be too short)."""
+    db = tmp_path / "soakd.db"
+    subprocess.run(
+        soakd_cmd("run", "--db", str(db), "--duration", "2", "--fps", "20", "--no-live",
+                  *SYNTH_CLI, "--set", "run.warmup_s=0", "--set", "criteria.floor_window_s=0.34"),
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    r = cli("gate", "--latest", "--db", str(db), "-f", "json")
+    need = MIN_WINDOWS * 0.34  # the memory floor's windows: 4.08 s
+    advice = re.findall(r"run at least (\d+) s after the warm-up \(run.duration >= (\d+) s\)"
+                        r" or lower criteria.floor_window_s", r.stdout)  # fmt: skip
+    assert advice, r.stdout[-3000:]
+    for after_warmup, total in advice:
+        assert int(after_warmup) >= need and int(total) >= need, advice

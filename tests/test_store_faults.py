@@ -4,7 +4,6 @@ newer soakd, a corrupt page. (Disk full and a read-only mount are in test_faults
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sqlite3
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.hostile import FILL_THEN_STORE, old_database
 from soakd.cli import main
 from soakd.config import Settings
 from soakd.errors import ExitCode, UsageError
@@ -402,27 +402,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-#: ``soakd ARGS`` with the database's filesystem filled right before the verdict is stored:
-#: a filler file takes every free byte (a real full disk, not a stand-in error)
-_FILL_THEN_STORE = """
-import os, sys
-from soakd.run import runner
-real = runner.store_verdict
-def fill_then_store(conn, verdict):
-    folder = os.path.dirname(conn.execute("PRAGMA database_list").fetchone()[2])
-    with open(os.path.join(folder, "filler"), "wb") as f:
-        try:
-            while True:
-                f.write(bytes(65536)); f.flush()
-        except OSError:
-            pass
-    real(conn, verdict)
-runner.store_verdict = fill_then_store
-from soakd.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_the_disk_filling_as_the_verdict_is_stored_is_one_line_naming_it_last(
     small_disk: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -433,7 +412,7 @@ def test_the_disk_filling_as_the_verdict_is_stored_is_one_line_naming_it_last(
     db = small_disk / "soakd.db"
     fails = "criteria.thresholds=[{expr='p50(infer_ms) < 1', abort_on_fail=true}]"
     p = subprocess.run(
-        [sys.executable, "-c", _FILL_THEN_STORE, "run", "--db", str(db), "--duration", "4",
+        [sys.executable, "-c", FILL_THEN_STORE, "run", "--db", str(db), "--duration", "4",
          "--fps", "20", "--no-live", "--set", "workload.kind=synthetic",
          "--set", "run.warmup_s=0.5", "--set", "run.stop_on_fail=true", "--set", fails],
         capture_output=True, text=True, cwd=REPO, timeout=120, env=subprocess_env,
@@ -444,41 +423,6 @@ def test_the_disk_filling_as_the_verdict_is_stored_is_one_line_naming_it_last(
     assert last.endswith("disk full while writing the run database"), last
     (small_disk / "filler").unlink()
     assert _count(db, "SELECT count(*) FROM frames") > 5
-
-
-def _old_database(path: Path, migrations: int) -> None:
-    """A database an older soakd wrote: the first ``migrations`` migrations only, one
-    finished 6 s run of 120 frames and 60 samples (plain SQL, as that soakd stored it)."""
-    from soakd.store.schema import MIGRATIONS
-
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-    for name, script in MIGRATIONS[:migrations]:
-        conn.executescript(script)
-        conn.execute("INSERT INTO _migrations VALUES (?, '2026-01-01T00:00:00Z')", (name,))
-    crit = {"min_duration_s": 1, "min_frames": 5, "floor_window_s": 0.1,
-            "max_memory_growth_mb_per_min": 1000}  # fmt: skip
-    t0 = time.time() - 100
-    conn.execute(
-        "INSERT INTO runs (id, mode, status, started_at, started_unix, ended_at, duration_s,"
-        " workload_kind, fps, config, config_hash) VALUES ('old1', 'soak', 'completed',"
-        " '2026-01-01T00:00:00Z', ?, '2026-01-01T00:00:06Z', 6.0, 'synthetic', 20.0, ?, 'x')",
-        (t0, json.dumps({"criteria": crit, "run": {"warmup_s": 0.5}})),
-    )
-    conn.executemany(
-        "INSERT INTO frames (run_id, frame_id, t_sched, t_capture, t_dispatch, t_done, grab_ms,"
-        " pre_ms, infer_ms, decode_ms, total_ms, queue_len, frame_age_ms, e2e_ms, drop_count,"
-        " warmup, first, skipped) VALUES ('old1', ?, ?, ?, ?, ?, 0.1, 1, ?, 1, ?, 0, 0.2, 18,"
-        " 0, ?, ?, 0)",
-        [(i, i / 20, i / 20, i / 20, i / 20 + 0.02, 15 + i % 3, 17 + i % 3, int(i < 10),
-          int(i == 0)) for i in range(120)],
-    )  # fmt: skip
-    conn.executemany(
-        "INSERT INTO samples (run_id, seq, t, wall, rss_bytes) VALUES ('old1', ?, ?, ?, 1e8)",
-        [(i, i * 0.1, t0 + i * 0.1) for i in range(60)],
-    )
-    conn.commit()
-    conn.close()
 
 
 @pytest.fixture
@@ -503,7 +447,7 @@ def test_an_older_schema_on_read_only_storage_is_read_as_it_is(
     show and export of every table work, not "no such table: server_metrics" or "near
     FROM: syntax error"; nothing is written to it."""
     db = small_disk / "old.db"
-    _old_database(db, migrations)
+    old_database(db, migrations)
     read_only_disk()
     before = db.read_bytes()
     for args in (["gate", "old1"], ["report", "old1"], ["report", "old1", "-f", "html"],
@@ -522,7 +466,7 @@ def test_merge_says_how_to_upgrade_an_older_input_on_read_only_storage(
     that works there (upgrade a copy: `cp ... && soakd runs --db COPY`), not "open it once
     with this soakd", which cannot migrate it where it is; following the advice merges."""
     db = small_disk / "old.db"
-    _old_database(db, 4)
+    old_database(db, 4)
     read_only_disk()
     out = tmp_path / "out.db"
     r = run_cli("merge", str(out), str(db))

@@ -4,9 +4,8 @@ Parquet, streamed in chunks from ``soakd.store.export`` (never the whole table a
 from __future__ import annotations
 
 import csv
-import errno
 import json
-import os
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -28,7 +27,8 @@ from soakd.cli.common import (
     run_id_argument,
     run_ref,
 )
-from soakd.errors import ExitCode, SoakdError
+from soakd.cli.output import writing
+from soakd.errors import SoakdError
 from soakd.store import export as rows
 from soakd.store import runs
 
@@ -78,42 +78,11 @@ def export_cmd(
             _write(writer, cols, chunks, output)
 
 
-#: write errors that are the environment failing (exit 4, as a disk filling up mid-run), not
-#: a bad -o (exit 2)
-_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
-
-
 def _write(writer: Writer, cols: Columns, chunks: Chunks, output: Path | None) -> None:
-    """Run ``writer``. A reader that went away (``| head``) ends the export quietly, exit
-    0; any other write error is one line: exit 4 when the device is full or failing, else 2."""
-    try:
+    """Run ``writer`` (``output.writing``: a reader that went away ends it quietly, exit 0;
+    a full device is exit 4, any other write error exit 2, one line)."""
+    with writing(output):
         writer(cols, chunks, output)
-    except BrokenPipeError:
-        if output is None:
-            _stdout_to_devnull()
-        raise typer.Exit(0) from None
-    except OSError as exc:
-        if output is None:
-            _stdout_to_devnull()
-        known = [e for e in _ENVIRONMENT_ERRNOS if e == exc.errno or os.strerror(e) in str(exc)]
-        where = f"{output or 'stdout'}: cannot write"
-        if known:
-            raise error(f"{where}: {os.strerror(known[0])}", ExitCode.INTERNAL) from None
-        raise error(f"{where}: {exc.strerror or exc}") from None
-
-
-def _stdout_to_devnull() -> None:
-    """stdout cannot take more: point its descriptor at /dev/null, so the interpreter's last
-    flush of what is still buffered does not fail again ("Exception ignored ...")."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return  # not a real file (a test's capture): nothing is flushed to a descriptor
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, fd)
-    finally:
-        os.close(null)
 
 
 @contextmanager
@@ -143,7 +112,27 @@ def _write_jsonl(cols: list[tuple[str, str]], chunks: Chunks, output: Path | Non
     names = [name for name, _ in cols]
     with _text_out(output) as f:
         for chunk in chunks:
-            f.write("".join(json.dumps(dict(zip(names, r, strict=True))) + "\n" for r in chunk))
+            f.write("".join(_json_line(dict(zip(names, r, strict=True))) + "\n" for r in chunk))
+
+
+#: how JSON lines write a number JSON has no spelling for (an infinity soakd never stores,
+#: written by hand or by another tool): the strings Python's float() and pandas read back
+_NON_FINITE = {math.inf: "inf", -math.inf: "-inf"}
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    """One row as strict JSON: ±inf as the strings "inf" / "-inf" (not ``Infinity``, which
+    no JSON parser but Python's accepts), NaN (never stored: NULL is null) as "nan"."""
+    try:
+        return json.dumps(row, allow_nan=False)
+    except ValueError:
+        return json.dumps(
+            {k: _NON_FINITE.get(v, "nan") if _non_finite(v) else v for k, v in row.items()}
+        )
+
+
+def _non_finite(v: Any) -> bool:
+    return isinstance(v, float) and not math.isfinite(v)
 
 
 def _pyarrow() -> Any:

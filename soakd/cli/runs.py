@@ -29,7 +29,7 @@ from soakd.cli.common import (
     run_ref,
 )
 from soakd.cli.output import print_rich, write_output
-from soakd.cli.tables import IdListing
+from soakd.cli.tables import IdListing, printable
 from soakd.config import MAX_NUMBER
 from soakd.errors import SoakdError
 from soakd.observers.display import fmt_bytes, summary_table
@@ -82,7 +82,7 @@ def _runs_table(rows: list[dict[str, Any]]) -> IdListing:
     for r in rows:
         t.add_row(
             r["run_id"],
-            r["name"] or "-",
+            printable(r["name"] or "-"),
             r["mode"],
             r["status"],
             r["verdict"] or "-",
@@ -100,7 +100,7 @@ def _runs_table(rows: list[dict[str, Any]]) -> IdListing:
 
 def format_labels(labels: dict[str, str]) -> str:
     """``release=1.4.0 model=moss`` (``-`` for none): how people read a run's labels."""
-    return " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+    return printable(" ".join(f"{k}={v}" for k, v in sorted(labels.items()))) or "-"
 
 
 SHOW_EVENTS = (
@@ -221,11 +221,11 @@ def _show_text(
     """What ``show`` prints for people: the stage table, then plain lines."""
     out: list[Any] = [summary_table(run, stages)]
     s = run.get("summary") or {}
-    named = f"run {run['name']}: " if run.get("name") else ""
+    named = f"run {printable(run['name'])}: " if run.get("name") else ""
     out.append(
         f"{named}workload {run['workload_kind']}, fps {run['fps']}, started {run['started_at']}, "
         f"duration {run['duration_s'] or 0:.1f} s, verdict {run['verdict'] or '-'}"
-        + (f", reason: {run['reason']}" if run.get("reason") else "")
+        + (f", reason: {printable(run['reason'])}" if run.get("reason") else "")
     )
     if run.get("labels"):
         out.append(f"labels {format_labels(run['labels'])}")

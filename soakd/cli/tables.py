@@ -126,3 +126,12 @@ class IdListing:
             yield table
         else:
             yield from self.blocks()
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal shows it safely: a character that is not printable (NUL, an
+    ANSI escape, a newline) written as its Python escape (``\\x1b``), the rest as is.
+    For what a database holds and soakd did not write (a name set by hand)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -175,6 +175,9 @@ def _systemctl_show(unit: str, prop: str) -> str:
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ServerNotFound(f"telemetry.server_unit {unit!r}: systemctl failed: {exc}") from None
+    if out.returncode != 0:  # no systemd here, no bus: its own words, not "MainPID ?"
+        why = " ".join(out.stderr.split()) or f"exit status {out.returncode}"
+        raise ServerNotFound(f"telemetry.server_unit {unit!r}: systemctl failed: {why}")
     return out.stdout.strip()
 
 

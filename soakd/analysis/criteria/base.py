@@ -446,8 +446,8 @@ def untested(ctx: Context, tr: stats.Trend, what: str, need_s: float) -> str:
     return (
         f"untested: {tr.n} windows ({tr.n_eff:.1f} effective) cannot show {what} at "
         f"alpha = {ctx.crit.alpha:g} (a test needs {stats.min_trend_points(ctx.crit.alpha)} "
-        f"windows and 3 effective); run at least {need_s:.0f} s after the warm-up "
-        f"(run.duration >= {ctx.t0 + need_s:.0f} s)"
+        f"windows and 3 effective); run at least {math.ceil(need_s)} s after the warm-up "
+        f"(run.duration >= {math.ceil(ctx.t0 + need_s)} s)"
     )
 
 

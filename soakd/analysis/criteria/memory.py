@@ -5,6 +5,7 @@ allocator sawtooth returning to the same floor is not a leak.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -150,8 +151,8 @@ def _floor_too_short(ctx: Context, w: float) -> str:
     return (
         f"too short to judge: the floor window was shortened from "
         f"{ctx.crit.floor_window_s:g} s to {w:.2g} s, where an allocator sawtooth can hide "
-        f"growth; run at least {need:.0f} s after the warm-up "
-        f"(run.duration >= {ctx.t0 + need:.0f} s) or lower criteria.floor_window_s"
+        f"growth; run at least {math.ceil(need)} s after the warm-up "
+        f"(run.duration >= {math.ceil(ctx.t0 + need)} s) or lower criteria.floor_window_s"
     )
 
 

@@ -157,7 +157,8 @@ def _hang(d: RunData) -> str | None:
     since = d.meta.counter("in_flight_since_s")
     at = f" at {since:.3g} s" if since is not None else ""
     stall = d.meta.counter("stall_timeout_s")
-    why = f" (stall timeout {stall:g} s not reached)" if stall is not None else ""
+    reached = "reached: the run was stopped" if d.meta.reason == "stalled" else "not reached"
+    why = f" (stall timeout {stall:g} s {reached})" if stall is not None else ""
     return f"a frame dispatched{at} never finished: the workload hung{why}"
 
 
