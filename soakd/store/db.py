@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
@@ -399,6 +400,19 @@ def insert_rows(
     conn.executemany(_insert_sql(table, cols, 1), ((run_id, *r) for r in it))
 
 
+def prepare_shapes(conn: sqlite3.Connection) -> None:
+    """Compile every table's ROWS_PER_STATEMENT-row insert now, at the writer's start: a
+    flush reaches that shape only with 32 rows of a table at once (after a lock, at a high
+    frame rate), and a statement compiled then is a step in soakd's RSS mid-run. Run with
+    no parameters, each is compiled and cached, and refused before it touches a row."""
+    for table, cols in _TABLES.values():
+        k = len(cols) - 1
+        per = max(1, min(ROWS_PER_STATEMENT, (_max_variables(conn) - 1) // k))
+        if per > 1:
+            with contextlib.suppress(sqlite3.ProgrammingError):
+                conn.execute(_insert_sql(table, cols, per), ())
+
+
 def _max_variables(conn: sqlite3.Connection) -> int:
     """How many ``?`` parameters one statement may have on this SQLite build."""
     return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
@@ -634,6 +648,7 @@ class StoreWriter:
         conn = None
         try:
             conn = writer_connection(self.path, self.busy_timeout_s)
+            prepare_shapes(conn)
             self._run(conn)
         except BaseException as exc:  # recorded and re-raised by the runner
             self.error = StoreError(describe_store_error(self.path, exc))
