@@ -96,10 +96,10 @@ class EarlyStop(Observer):
         if not rec.skipped and rec.frame_age_ms is not None and rec.t_dispatch is not None:
             live.add_age(rec.t_dispatch, rec.frame_age_ms)
         if not rec.skipped and rec.error is None:
-            for col in _JITTER_COLUMNS:
+            for col, hist in live.stage_ms.items():
                 v = getattr(rec, col)
                 if v is not None:
-                    live.stage_ms[col].add(v)
+                    hist.add(v)
         if not rec.skipped:
             for col in self._frame_columns:
                 v = getattr(rec, col, None)

@@ -193,6 +193,8 @@ class LiveHistogram:
         self.n = 0
 
     def add(self, v: float) -> None:
+        if not math.isfinite(v):
+            return
         i = int(math.log(v / self.LO) / math.log(self.RATIO)) if v > self.LO else 0
         with self._lock:
             self._counts[min(max(i, 0), self.BINS - 1)] += 1
