@@ -70,10 +70,10 @@ DRAIN_CHUNK = 256
 # in memory: about 400 MB at the bound)
 MAX_PENDING = 1_000_000
 # rows a writer keeps in memory while it waits for the lock; past this they move to a spill
-# file on disk (``_Spill``) and come back at the flush: what waits for the lock costs
-# soakd's RSS, which memory_rss judges as the model's, at most ~0.3 MB (a 15-20 s lock
-# grew it 1.7-1.95 MB/min over 90 s when every row waited in memory, issue 31)
-SPILL_ROWS = 768
+# file on disk (``_Spill``) and come back at the flush, so what waits for the lock costs
+# soakd's RSS, which memory_rss judges as the model's, ~0.1 MB (with one drained chunk)
+# however long the lock
+SPILL_ROWS = 128
 
 _log = structlog.get_logger("soakd.store")
 
