@@ -96,3 +96,35 @@ def test_jitter_stops_the_run_once_more_frames_are_over_k_x_the_median_s_bound_t
     assert 15.0 <= _frames(_watch(), 30.0, 25) <= 30.0
     assert _frames(_watch(), 60.0, 0) == float("inf")
     assert _frames(_watch("criteria.jitter_k='history'"), 30.0, 25) == float("inf")
+
+
+def test_a_look_tests_a_bounded_number_of_windows_however_long_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An hour of samples and frames: the memory and frame-age looks test at most
+    LOOK_MAX_WINDOWS windows each (a Theil–Sen test allocates n² pairs; looks that grew
+    with the run grew soakd's RSS 1.1 MB/min in bench/own_rss.py) and still stop a leak."""
+    from soakd.analysis import stats
+    from soakd.analysis.criteria import frame_age, memory
+    from soakd.analysis.criteria.base import LOOK_MAX_WINDOWS
+
+    seen: list[int] = []
+    real = stats.trend
+
+    def counting(t: np.ndarray, y: np.ndarray, alpha: float = 0.01) -> stats.Trend:
+        seen.append(int(np.asarray(t).size))
+        return real(t, y, alpha)
+
+    monkeypatch.setattr(stats, "trend", counting)
+    watch = _watch("run.duration=7200")
+    live = watch.live
+    for i in range(36000):  # an hour at 10 fps, a sample every 0.5 s
+        t = 1.0 + i / 10
+        live.add_age(t, 20.0 + (i % 7))
+        if i % 5 == 0:
+            live.samples.append([t, 3e8 + 0.1e6 * t, *[np.nan] * (len(live.samples.columns) - 2)])  # type: ignore[union-attr]
+    live.now = 3601.0
+    found = memory.early_fail(live, watch.crit)
+    frame_age.early_fail(live, watch.crit)
+    assert found is not None and found.criterion == "memory_rss"  # 6 MB/min
+    assert len(seen) >= 2 and max(seen) <= LOOK_MAX_WINDOWS, seen

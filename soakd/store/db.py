@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
@@ -71,10 +72,10 @@ DRAIN_CHUNK = 256
 # in memory: about 400 MB at the bound)
 MAX_PENDING = 1_000_000
 # rows a writer keeps in memory while it waits for the lock; past this they move to a spill
-# file on disk (``_Spill``) and come back at the flush: what waits for the lock costs
-# soakd's RSS, which memory_rss judges as the model's, at most ~0.3 MB (a 15-20 s lock
-# grew it 1.7-1.95 MB/min over 90 s when every row waited in memory, issue 31)
-SPILL_ROWS = 768
+# file on disk (``_Spill``) and come back at the flush, so what waits for the lock costs
+# soakd's RSS, which memory_rss judges as the model's, ~0.1 MB (with one drained chunk)
+# however long the lock
+SPILL_ROWS = 128
 
 _log = structlog.get_logger("soakd.store")
 
@@ -432,6 +433,19 @@ def insert_rows(
     conn.executemany(_insert_sql(table, cols, 1), ((run_id, *r) for r in it))
 
 
+def prepare_shapes(conn: sqlite3.Connection) -> None:
+    """Compile every table's ROWS_PER_STATEMENT-row insert now, at the writer's start: a
+    flush reaches that shape only with 32 rows of a table at once (after a lock, at a high
+    frame rate), and a statement compiled then is a step in soakd's RSS mid-run. Run with
+    no parameters, each is compiled and cached, and refused before it touches a row."""
+    for table, cols in _TABLES.values():
+        k = len(cols) - 1
+        per = max(1, min(ROWS_PER_STATEMENT, (_max_variables(conn) - 1) // k))
+        if per > 1:
+            with contextlib.suppress(sqlite3.ProgrammingError):
+                conn.execute(_insert_sql(table, cols, per), ())
+
+
 def _max_variables(conn: sqlite3.Connection) -> int:
     """How many ``?`` parameters one statement may have on this SQLite build."""
     return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
@@ -669,6 +683,7 @@ class StoreWriter:
         conn = None
         try:
             conn = writer_connection(self.path, self.busy_timeout_s)
+            prepare_shapes(conn)
             self._run(conn)
         except BaseException as exc:  # recorded and re-raised by the runner
             self.error = StoreError(describe_store_error(self.path, exc))

@@ -19,6 +19,7 @@ from soakd.analysis.criteria.base import (
     generator_intervals,
     not_significant,
     span_to_test,
+    thin,
     trend_fields,
     undecided_trend,
     untested,
@@ -250,7 +251,7 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
     if alpha is None:
         return None
-    t, y = live.age_series()
+    t, y = thin(*live.age_series())  # a bounded test, however long the run
     tol = crit.max_age_slope_ms_per_min
     tr = stats.trend(t, y, alpha)
     if call_trend(tr, t, y, alpha, tol / 60).how != "rising":

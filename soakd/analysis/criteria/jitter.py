@@ -367,7 +367,9 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     edges = LiveHistogram.EDGES
     ub = float(edges[int(np.searchsorted(np.cumsum(counts), u)) + 1])
     k = float(crit.jitter_k)
-    over = int(counts[int(np.searchsorted(edges[:-1], k * ub, side="right")) :].sum())
+    # a spike must also pass the absolute floor, where the config has one (jitter_min_ms)
+    level = max(k * ub, float(getattr(crit, "jitter_min_ms", None) or 0.0))
+    over = int(counts[int(np.searchsorted(edges[:-1], level, side="right")) :].sum())
     allowed = jitter_allowed(crit, int(live.planned_ticks()))
     if over <= allowed:
         return None

@@ -18,6 +18,7 @@ from soakd.analysis.criteria.base import (
     Live,
     call_trend,
     detectability,
+    look_window,
     not_significant,
     span_to_test,
     trend_fields,
@@ -273,9 +274,11 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
         return None
     data = make_run_data(RunMeta("live", fps=live.fps), samples=samples)
     none = np.zeros(0, dtype=bool)
-    look = crit.model_copy(update={"alpha": alpha})
+    span = max(live.now - live.t0, 0.0)
+    window = look_window(span, crit.floor_window_s)  # a bounded test, however long the run
+    look = crit.model_copy(update={"alpha": alpha, "floor_window_s": window})
     ctx = Context(data, look, live.t0, live.now, none, none, {}, {})
-    w, _note = floor_window_s(ctx.span, crit.floor_window_s)
+    w, _note = floor_window_s(ctx.span, window)
     for name, col, title in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS):
         t, y = data.samples["t"], data.sample(col)
         ok = np.isfinite(y)

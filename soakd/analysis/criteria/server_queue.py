@@ -13,6 +13,7 @@ from soakd.analysis.criteria.base import (
     Live,
     TrendCall,
     call_trend,
+    look_window,
     trend_fields,
 )
 from soakd.analysis.data import make_run_data
@@ -100,7 +101,8 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
         server={k: v for k, v in scraped.items() if v[0].size},
     )
     none = np.zeros(0, dtype=bool)
-    look = crit.model_copy(update={"alpha": alpha})
+    window = look_window(max(live.now - live.t0, 0.0), crit.floor_window_s)
+    look = crit.model_copy(update={"alpha": alpha, "floor_window_s": window})
     ctx = Context(data, look, live.t0, live.now, none, none, {}, {})
     [res] = judge_server_queue(ctx)
     if res.status != FAIL:
