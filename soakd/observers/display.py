@@ -90,9 +90,12 @@ class LiveDisplay(Observer):
         total = p.elapsed_s + p.remaining_s
         bar = ProgressBar(total=max(total, 1e-9), completed=p.elapsed_s, width=40)
         head = Table.grid(padding=(0, 1))
+        auto = self.info is not None and self.info.settings.run.auto_duration
+        # an auto run ends when decided: its max_duration is a bound, not its length
+        span = f" (auto, at most {fmt_s(total)})" if auto else f" / {fmt_s(total)}"
         head.add_row(
             bar,
-            Text(f"{fmt_s(p.elapsed_s)} / {fmt_s(total)}"),
+            Text(f"{fmt_s(p.elapsed_s)}{span}"),
             Text("warm-up" if p.warmup else "", style="yellow"),
         )
         parts: list[Any] = [title, head, _counters(p), _stages(p), *self._convergence()]
@@ -155,8 +158,9 @@ def convergence_table(t: float, stands: list[Standing]) -> Table:
     for col in ("criterion", "state", "smallest growth it could see", "why not decided"):
         table.add_column(col)
     for st in stands:
+        why = "-" if st.why in ("", st.state, "undecided") else st.why  # the state says it
         table.add_row(st.criterion, Text(st.state, style=_STATE_STYLE.get(st.state, "yellow")),
-                      st.sees() or "-", st.why)  # fmt: skip
+                      st.sees() or "-", why)  # fmt: skip
     return table
 
 
