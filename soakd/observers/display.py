@@ -178,7 +178,9 @@ def _stages(p: Progress) -> Table:
 def summary_table(
     run: dict[str, Any], stages: dict[str, dict[str, float | None]], *, boxed: bool = True
 ) -> Table:
-    """The first frame's stage times and the stages' p50, p95, p99 and max (post-warm-up).
+    """The first frame's stage times and the stages' p50, p95, p99 and max (post-warm-up);
+    a row no frame has a value for is left out (a session's untimed stages and total), and
+    a session's capture -> next output latency is the "next output" row.
     ``boxed=False``: aligned columns with no box-drawing characters (for the journal)."""
     t = Table(
         title=f"run {run['id']}  ({run['status']})",
@@ -190,5 +192,11 @@ def summary_table(
     for c in cols:
         t.add_column(f"{c} ms", justify="right")
     for name, st in stages.items():
-        t.add_row(name, *(fmt_ms(st.get(c)) for c in cols))
+        if all(st.get(c) is None for c in cols):
+            continue
+        t.add_row(_ROW_NAMES.get(name, name), *(fmt_ms(st.get(c)) for c in cols))
     return t
+
+
+#: the summary table's rows that are not stages, named for people
+_ROW_NAMES = {"output_latency": "next output"}
