@@ -350,6 +350,28 @@ def test_cli_compare_gate_exit_codes_and_baselines(three_runs: tuple[Path, list[
     assert r.returncode == 2 and "bogus" in r.stderr
 
 
+@pytest.mark.slow
+def test_a_significant_improvement_reads_better_not_red_and_one_drop_fraction_per_run(
+    three_runs: tuple[Path, list[str]],
+) -> None:
+    """Compared the other way (infer 30 -> 20 ms), the faster run's change is beyond noise
+    and reads "better" (green in HTML), never "worse" (red); each run's drop_fraction metric
+    is the number its drops criterion shows in the Criteria table."""
+    db, (a1, _a2, b) = three_runs
+    c = compare(store.connect(db), b, a1)
+    m = c.metric("infer_ms.p50")
+    assert m.beyond_noise is True and (m.change_pct or 0) < 0
+    page = c.to_html()
+    row = re.search(r"<tr><td>infer</td><td>p50</td>.*?</tr>", page)
+    assert row and '<td class="better">better</td>' in row.group(0), row
+    assert "worse" not in row.group(0)
+    md = c.to_markdown()
+    assert re.search(r"\| infer \| p50 \|.*\| better \|", md)
+    drops = c.metric("drop_fraction")
+    crit = next(r for r in c.criteria if r.criterion == "drops")
+    assert (drops.a, drops.b) == (pytest.approx(crit.a_value), pytest.approx(crit.b_value))
+
+
 # --- readable output and the verdict's floor windows
 
 

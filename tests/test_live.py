@@ -205,3 +205,28 @@ def test_the_default_tiny_vlm_soak_logs_json_only_and_names_its_loading_phases(
     phases = [x["phase"] for x in lines if x["msg"] == "phase"]
     assert phases[1:4] == ["loading workload", "building the tiny model", "loading model"]
     assert out.returncode in (0, 1, 3), out.stderr
+
+
+def test_an_auto_runs_bar_reads_as_a_bound_and_its_look_table_says_each_thing_once() -> None:
+    """duration = "auto": the bar reads "1:16 (auto, at most 1:00:00)", not "1:16 / 1:00:00"
+    (the run ends when decided); the look table's "why not decided" never repeats the state
+    ("undecided" twice), and keeps a reason that says more."""
+    from soakd.observers.base import RunInfo
+    from soakd.observers.display import convergence_table
+    from soakd.records import Standing
+
+    s = load_settings(None, overrides=["run.duration='auto'", "run.max_duration=3600"])
+    con = _console()
+    d = LiveDisplay(con)
+    d.info = RunInfo("r", s, Path("x.db"), "h")
+    con.print(d._render(_progress(elapsed_s=76.0, remaining_s=3524.0)))
+    text = con.export_text()
+    assert "1:16 (auto, at most 1:00:00)" in text and "1:16 / 1:00:00" not in text
+    con = _console()
+    con.print(convergence_table(76.0, [
+        Standing("jitter", "undecided", why="undecided"),
+        Standing("drops", "undecided", why="too short to judge"),
+    ]))  # fmt: skip
+    rows = {ln.split()[0]: ln for ln in con.export_text().splitlines() if ln.strip()}
+    assert rows["jitter"].count("undecided") == 1
+    assert "too short to judge" in rows["drops"]

@@ -214,3 +214,36 @@ def test_a_streams_reason_is_wrapped_like_a_detail() -> None:
     printed = con.export_text()
     assert "cam0" in printed and "cam1" in printed
     assert_words_whole([reason], printed)
+
+
+def test_a_warning_during_the_live_display_is_a_line_of_its_own_at_80_columns() -> None:
+    """`soakd run` of the embedded model with stderr on an 80-column terminal: the GPU
+    warning is printed above the live display on lines of its own, reason included (it was
+    glued to the spinner's line, its reason erased by the next redraw), and no
+    transformers "Loading weights" bar is left in the display."""
+    import fcntl
+    import struct
+    import termios
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "JOURNAL_STREAM")}
+    env.update(COLUMNS="80", LINES="40", TERM="xterm", PYTHONUNBUFFERED="1")
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            proc = subprocess.Popen(
+                soakd_cmd("run", "--duration", "3", "--db", str(Path(tmp) / "t.db")),
+                stdout=follower, stderr=follower, env=env, cwd=REPO,
+            )  # fmt: skip
+            os.close(follower)
+            out = _read_all(leader, deadline=time.monotonic() + 240)
+            rc = proc.wait(timeout=30)
+        finally:
+            os.close(leader)
+    assert rc in (0, 1, 3)
+    text = _ANSI.sub("", out.decode("utf-8", "replace"))
+    # what a terminal shows of each line: the text after its last carriage return
+    (line,) = [seg for ln in text.split("\n") for seg in ln.split("\r") if "GPU telemetry" in seg]
+    assert "loading model" not in line and "..." not in line, line
+    assert "device 'cpu' is not CUDA" in text.replace("\r\n", " ").replace("\n", " ")
+    assert "Loading weights" not in text

@@ -11,6 +11,7 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperArgument
 from typer.exceptions import TyperException
 
 from soakd import __version__
@@ -24,6 +25,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+# an argument is shown in --help by its metavar alone (CONFIG, RUN_ID, PLAN: the README's
+# convention), not typer's "CONFIG <path>" / "RUN_ID <str>"
+TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
 # modules that define register(app); each adds its commands
 _COMMAND_MODULES = (

@@ -44,6 +44,7 @@ from soakd.errors import SoakdError
 from soakd.report import FORMATS, render
 from soakd.report.console import format_verdict_table
 from soakd.report.fleet import FLEET_FORMATS
+from soakd.report.host import with_host_warning
 from soakd.store import db as store_db
 from soakd.store import runs
 
@@ -133,7 +134,7 @@ def gate_cmd(
     with reading(db[0] if db else None) as conn:
         data, verdict = _evaluate(conn, run_id, latest, mode)
         if how == "table":
-            print_rich([format_verdict_table(verdict)], output)
+            print_rich([format_verdict_table(with_host_warning(data, verdict))], output)
         else:
             write_output(render(how, data, verdict), output)
     if output is not None:

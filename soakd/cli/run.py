@@ -28,9 +28,11 @@ from soakd.observers.display import LiveDisplay, summary_table
 from soakd.observers.journal import journal_stream
 from soakd.observers.logs import FrameLogObserver, configure_logging
 from soakd.report.console import format_verdict_table
+from soakd.report.host import add_warning, host_load, host_warning
 from soakd.service.serve import serve
 from soakd.store import db as store
 from soakd.store import queries, runs
+from soakd.store.rundata import load_sample_columns
 
 
 def _settings(config: Path | None, overrides: list[str], flags: dict[str, Any]) -> Settings:
@@ -147,8 +149,11 @@ def _print_end(con: Console, settings: Settings, result: RunResult) -> None:
     systemd connected) as aligned columns without box-drawing characters."""
     boxed = not journal_stream(sys.stdout)
     conn = store.connect(settings.resolved_db(), readonly=True)  # it may be full now
+    host = None
     try:
         run = runs.get_run(conn, result.run_id).as_dict()
+        cpus = run["environment"].get("cpu_count")
+        host = host_load(load_sample_columns(conn, result.run_id), cpus)
         con.print(summary_table(run, queries.stage_stats(conn, result.run_id), boxed=boxed))
         s = result.summary
         con.print(
@@ -160,7 +165,8 @@ def _print_end(con: Console, settings: Settings, result: RunResult) -> None:
     finally:
         conn.close()
     if result.verdict is not None:
-        con.print(format_verdict_table(result.verdict, boxed=boxed))
+        verdict = add_warning(result.verdict, host_warning(host))
+        con.print(format_verdict_table(verdict, boxed=boxed))
 
 
 def register(app: typer.Typer) -> None:

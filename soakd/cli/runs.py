@@ -10,8 +10,8 @@ import typer
 
 from soakd.analysis.streams import stored_streams
 from soakd.cli.common import (
+    LATEST_MODES,
     N_METAVAR,
-    RUN_MODES,
     choice_option,
     db_option,
     error,
@@ -54,7 +54,7 @@ def runs_cmd(
     ] = 20,
     mode: Annotated[
         str | None,
-        choice_option("--mode", values=RUN_MODES, help="Only runs of this mode."),
+        choice_option("--mode", values=LATEST_MODES, help="Only runs of this mode (any: all)."),
     ] = None,
     label: Annotated[
         list[str] | None, label_option("Only runs with this label (repeatable: all of them).")
@@ -69,7 +69,8 @@ def runs_cmd(
     how = resolve_format(fmt, as_json, "table")
     labels = parse_labels(label)
     with reading(db) as conn:
-        rows = runs.list_runs(conn, limit=limit, mode=mode, labels=labels)
+        rows = runs.list_runs(conn, limit=limit, mode=None if mode is None else latest_mode(mode),
+                              labels=labels)  # fmt: skip
     if how == "json":
         write_output("".join(json.dumps(r) + "\n" for r in rows), output)
         return

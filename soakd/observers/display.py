@@ -90,9 +90,12 @@ class LiveDisplay(Observer):
         total = p.elapsed_s + p.remaining_s
         bar = ProgressBar(total=max(total, 1e-9), completed=p.elapsed_s, width=40)
         head = Table.grid(padding=(0, 1))
+        auto = self.info is not None and self.info.settings.run.auto_duration
+        # an auto run ends when decided: its max_duration is a bound, not its length
+        span = f" (auto, at most {fmt_s(total)})" if auto else f" / {fmt_s(total)}"
         head.add_row(
             bar,
-            Text(f"{fmt_s(p.elapsed_s)} / {fmt_s(total)}"),
+            Text(f"{fmt_s(p.elapsed_s)}{span}"),
             Text("warm-up" if p.warmup else "", style="yellow"),
         )
         parts: list[Any] = [title, head, _counters(p), _stages(p), *self._convergence()]
@@ -155,8 +158,9 @@ def convergence_table(t: float, stands: list[Standing]) -> Table:
     for col in ("criterion", "state", "smallest growth it could see", "why not decided"):
         table.add_column(col)
     for st in stands:
+        why = "-" if st.why in ("", st.state, "undecided") else st.why  # the state says it
         table.add_row(st.criterion, Text(st.state, style=_STATE_STYLE.get(st.state, "yellow")),
-                      st.sees() or "-", st.why)  # fmt: skip
+                      st.sees() or "-", why)  # fmt: skip
     return table
 
 
@@ -174,7 +178,9 @@ def _stages(p: Progress) -> Table:
 def summary_table(
     run: dict[str, Any], stages: dict[str, dict[str, float | None]], *, boxed: bool = True
 ) -> Table:
-    """The first frame's stage times and the stages' p50, p95, p99 and max (post-warm-up).
+    """The first frame's stage times and the stages' p50, p95, p99 and max (post-warm-up);
+    a row no frame has a value for is left out (a session's untimed stages and total), and
+    a session's capture -> next output latency is the "next output" row.
     ``boxed=False``: aligned columns with no box-drawing characters (for the journal)."""
     t = Table(
         title=f"run {run['id']}  ({run['status']})",
@@ -186,5 +192,11 @@ def summary_table(
     for c in cols:
         t.add_column(f"{c} ms", justify="right")
     for name, st in stages.items():
-        t.add_row(name, *(fmt_ms(st.get(c)) for c in cols))
+        if all(st.get(c) is None for c in cols):
+            continue
+        t.add_row(_ROW_NAMES.get(name, name), *(fmt_ms(st.get(c)) for c in cols))
     return t
+
+
+#: the summary table's rows that are not stages, named for people
+_ROW_NAMES = {"output_latency": "next output"}

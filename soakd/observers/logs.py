@@ -65,8 +65,26 @@ def redact_secrets(
     return {k: redact.data(v) for k, v in event_dict.items()}
 
 
+class CurrentStderr:
+    """``sys.stderr`` as it is at each write, not as it was when logging was configured:
+    while the live display runs, rich puts a proxy there that prints each line above the
+    display (a line written to the original stream was glued to its spinner line)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+    def fileno(self) -> int:
+        return sys.stderr.fileno()
+
+
 def configure_logging(*, json: bool | None = None, level: str = "info", stream: Any = None) -> None:
-    stream = stream or sys.stderr
+    stream = stream or CurrentStderr()
     if json is None:
         json = not stream.isatty()
     processors: list[Any] = [
@@ -85,6 +103,7 @@ def configure_logging(*, json: bool | None = None, level: str = "info", stream: 
         quiet_third_party()
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=stream.isatty()))
+        quiet_third_party()  # no progress bars left in the live display either
     if journal_stream(stream):
         processors.append(syslog_prefix)
     structlog.configure(

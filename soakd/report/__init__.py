@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from soakd.analysis.model import RunData, Verdict
+from soakd.report.host import with_host_warning
 from soakd.report.html import render_html
 from soakd.report.json import render_json
 from soakd.report.junit import render_junit
@@ -19,7 +20,8 @@ FORMATS: tuple[str, ...] = ("md", "json", "junit", "html")
 
 
 def render(fmt: str, data: RunData, verdict: Verdict) -> str:
-    """Render the report in ``fmt`` (one of FORMATS)."""
+    """Render the report in ``fmt`` (one of FORMATS); a run measured while other processes
+    held the host's CPUs carries the host-load warning (``soakd.report.host``) in each."""
     renderers: dict[str, Callable[[RunData, Verdict], str]] = {
         "md": render_markdown,
         "json": render_json,
@@ -28,4 +30,4 @@ def render(fmt: str, data: RunData, verdict: Verdict) -> str:
     }
     if fmt not in renderers:
         raise ValueError(f"unknown report format {fmt!r} (choose {', '.join(FORMATS)})")
-    return renderers[fmt](data, verdict)
+    return renderers[fmt](data, with_host_warning(data, verdict))

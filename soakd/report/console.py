@@ -29,6 +29,7 @@ from soakd.analysis.model import (
     Verdict,
 )
 from soakd.analysis.streams import streams_of
+from soakd.report.text import row_detail
 
 _STYLE = {PASS: "green", FAIL: "bold red", INVALID: "bold yellow", NA: "dim"}
 _OVERALL = {OVERALL_PASS: "bold green", OVERALL_FAIL: "bold red", OVERALL_INVALID: "bold yellow"}
@@ -148,7 +149,7 @@ def _criteria_table(verdict: Verdict, style: str, boxed: bool) -> NotedTable:
             _fmt(c.value, c.unit),
             _fmt(c.threshold, c.unit),
             c.unit,
-            note=c.detail,
+            note=row_detail(c),
         )
     return table
 

@@ -8,11 +8,12 @@ measured under contention: its times are the host's as much as the model's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from soakd.analysis.diagnosis import HOST_BUSY_SHARE_PCT
+from soakd.analysis.model import RunData, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +64,27 @@ def host_load(samples: Mapping[str, np.ndarray], cpus: float | None) -> HostLoad
         load1=float(np.median(load)) if load.size else None,
         cpus=n,
     )
+
+
+def host_warning(host: HostLoad | None, what: str = "run") -> str | None:
+    """The warning every report of a run measured under contention carries (None on a
+    quiet or unsampled host): a PASS there is the host's as much as the model's."""
+    if host is None or not host.contended:
+        return None
+    return (
+        f"host busy: {host.words()} during the {what}: its timings are the host's as much as "
+        "the model's; soak on a quiet host to be sure of them"
+    )
+
+
+def with_host_warning(data: RunData, verdict: Verdict) -> Verdict:
+    """``verdict`` with the host-load warning of ``data``'s samples added to its warnings
+    (the same verdict when the host was quiet or not sampled)."""
+    return add_warning(verdict, host_warning(host_load(data.samples, data.meta.fact("cpu_count"))))
+
+
+def add_warning(verdict: Verdict, warn: str | None) -> Verdict:
+    """``verdict`` with ``warn`` added to its warnings (once; unchanged for None)."""
+    if warn is None or warn in verdict.warnings:
+        return verdict
+    return replace(verdict, warnings=[*verdict.warnings, warn])

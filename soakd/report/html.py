@@ -40,6 +40,7 @@ from soakd.records import DECIDED, LOOK_EVENT, STAGE_COLUMNS, standings
 from soakd.report.html_numbers import numbers_html
 from soakd.report.summary import summarize
 from soakd.report.svg import PALETTE, HLine, Series, Span, VLine, line_chart
+from soakd.report.text import row_detail
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
@@ -800,7 +801,7 @@ def render_html(data: RunData, verdict: Verdict) -> str:
         rows.append(
             f'<tr><td>{escape(c.criterion)}</td><td class="{cls}">'
             f"{escape(c.status.upper())}</td><td>{val}</td><td>{thr}</td>"
-            f"<td>{escape(c.unit)}</td><td>{escape(c.detail)}</td></tr>"
+            f"<td>{escape(c.unit)}</td><td>{escape(row_detail(c))}</td></tr>"
         )
     notes = "".join(f"<li>warning: {escape(w)}</li>" for w in verdict.warnings)
     notes += "".join(f"<li>hint: {escape(h)}</li>" for h in verdict.hints)

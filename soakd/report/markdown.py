@@ -13,7 +13,7 @@ from soakd.analysis.model import RunData, Verdict
 from soakd.analysis.streams import stream_count, streams_of
 from soakd.report.console import STREAM_COLUMNS, stream_cells
 from soakd.report.summary import RunSummary, summarize
-from soakd.report.text import plain
+from soakd.report.text import plain, row_detail
 
 _ICON = {"pass": "✅", "fail": "❌", "invalid": "⚠️", "n/a": "➖"}
 BADGE = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INVALID": "⚠️ INVALID"}
@@ -196,7 +196,7 @@ def render_markdown(data: RunData, verdict: Verdict) -> str:
         lines.append(
             f"| {_ICON.get(c.status, c.status)} | {md_cell(c.criterion)} | "
             f"{_num(c.value, c.unit)} | {_num(c.threshold, c.unit)} | {c.unit} | "
-            f"{md_cell(c.detail)} |"
+            f"{md_cell(row_detail(c))} |"
         )
     lines += streams_section(verdict)
     lines += numbers_section(summarize(data, verdict))

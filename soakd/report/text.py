@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from soakd.analysis.model import CriterionResult
+
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), and two-character ESC sequences
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?")
 # what XML 1.0 cannot carry, plus C1 controls and DEL (legal in XML but invisible)
@@ -26,3 +28,21 @@ def plain(text: str) -> str:
     """``text`` without ANSI escape sequences; other control characters (tab, newline and
     carriage return kept) written out as ``\\xNN``."""
     return _CONTROL_RE.sub(_show, _ANSI_RE.sub("", text))
+
+
+def row_detail(c: CriterionResult) -> str:
+    """A criterion's detail as the verdict tables print it beside its value: for jitter
+    whose value (the ratio the rule judged: the largest frame once the allowed ones are set
+    aside) is not the max ratio its detail quotes, the detail says which number the value
+    is, so the row reads as one answer."""
+    ev = c.evidence
+    judged, top = c.value, ev.get("max_ratio")
+    if c.criterion != "jitter" or not isinstance(judged, int | float):
+        return c.detail
+    if not isinstance(top, int | float) or abs(judged - top) <= 1e-9 * max(1.0, abs(top)):
+        return c.detail
+    allowed = ev.get("exceed_allowed")
+    aside = (
+        f" after the {allowed:g} largest, which the rule allows, are set aside" if allowed else ""
+    )
+    return f"{c.detail}; value {judged:.4g} x median: the largest frame{aside}"

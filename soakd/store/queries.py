@@ -10,7 +10,7 @@ import numpy as np
 
 from soakd.records import SAMPLE_FIELDS, STAGE_COLUMNS
 
-SHOW_COLUMNS = (*STAGE_COLUMNS, "frame_age_ms", "e2e_ms")
+SHOW_COLUMNS = (*STAGE_COLUMNS, "frame_age_ms", "e2e_ms", "output_latency_ms")
 
 
 def stage_stats(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, float | None]]:

@@ -246,7 +246,12 @@ def compare(
         for r, c in ((ra, ca), (rb, cb))
     )
     metrics = _stage_metrics(fa, fb, alpha, min_effect_pct, rng)
-    metrics.append(_drop_metric(ca, cb, alpha))
+    metrics.append(
+        _drop_metric(
+            ca, cb, alpha, rundata.load_verdict_rows(conn, ra.id),
+            rundata.load_verdict_rows(conn, rb.id),
+        )
+    )  # fmt: skip
     da, db = (load_run_data(conn, r.id, bounded=True if bounded else None) for r in (ra, rb))
     metrics.extend(_memory_metrics(conn, (ra, da), (rb, db), alpha, bounded))
     if "generator" in (ra.workload_kind, rb.workload_kind):
@@ -473,13 +478,36 @@ def _stage_metrics(
     return rows
 
 
-def _drop_metric(ca: Mapping[str, int], cb: Mapping[str, int], alpha: float) -> MetricRow:
-    """Lost vs dispatched frames after the warm-up (``frame_counts`` of each run)."""
+def _verdict_losses(rows: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """(lost, not lost) frames as the stored drops criterion counted them (its value is
+    lost / ticks), or None for a run without that evidence."""
+    ev = next((r["evidence"] for r in rows if r["criterion"] == "drops"), None) or {}
+    lost, ticks = ev.get("lost"), ev.get("ticks")
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in (lost, ticks)):
+        return None
+    n_lost, n_ticks = int(lost), int(ticks)  # type: ignore[arg-type]
+    return (n_lost, n_ticks - n_lost) if n_ticks >= n_lost >= 0 else None
+
+
+def _drop_metric(
+    ca: Mapping[str, int],
+    cb: Mapping[str, int],
+    alpha: float,
+    va: list[dict[str, Any]] | None = None,
+    vb: list[dict[str, Any]] | None = None,
+) -> MetricRow:
+    """The lost fraction after the warm-up, one definition for both runs: the drops
+    criterion's own (lost / ticks, from the stored verdicts: the number the Criteria table
+    shows) when both runs have it, else lost vs dispatched frames (``frame_counts``)."""
 
     def lost_kept(c: Mapping[str, int]) -> tuple[int, int]:
         return c["post_drops"] + c["post_stale"], c["measured"]
 
-    (la, ka), (lb, kb) = lost_kept(ca), lost_kept(cb)
+    ja, jb = _verdict_losses(va or []), _verdict_losses(vb or [])
+    if ja is not None and jb is not None:
+        (la, ka), (lb, kb) = ja, jb
+    else:
+        (la, ka), (lb, kb) = lost_kept(ca), lost_kept(cb)
     fa = la / (la + ka) if la + ka else None
     fb = lb / (lb + kb) if lb + kb else None
     p = None
@@ -696,6 +724,30 @@ _QUANTILES = ("p50", "p95", "p99", "max")
 _STAGE_TABLE_COLUMNS = (*STAGE_COLUMNS, "frame_age_ms")
 
 
+def direction(m: MetricRow) -> str | None:
+    """A metric's change in words for the tables: "worse" or "better" when beyond noise
+    (higher is worse for every metric), "no" when not, None without a test."""
+    if m.beyond_noise is None:
+        return None
+    if not m.beyond_noise:
+        return "no"
+    return "worse" if (m.change or 0) > 0 else "better"
+
+
+_STATUS_RANK = {"pass": 0, "n/a": 0, "invalid": 1, "fail": 2}
+
+
+def criterion_change(r: CriterionRow) -> str:
+    """A criterion's outcome from A to B: "worse" (PASS to FAIL or INVALID, INVALID to
+    FAIL), "better" (the other way), "changed" (another change), "no"."""
+    if not r.changed:
+        return "no"
+    ra, rb = (_STATUS_RANK.get(str(s).lower()) for s in (r.a_status, r.b_status))
+    if ra is None or rb is None or ra == rb:
+        return "changed"
+    return "worse" if rb > ra else "better"
+
+
 def _in_stage_table(m: MetricRow) -> bool:
     col, _, qn = m.name.rpartition(".")
     return col in _STAGE_TABLE_COLUMNS and qn in _QUANTILES
@@ -711,7 +763,7 @@ def stage_table(c: Comparison) -> Table:
             m = by.get(f"{col}.{qn}")
             if m is not None:
                 change, p = _fmt_pct(m.change_pct), _fmt_p(m.p)
-                rows.append((col.removesuffix("_ms"), qn, m.a, m.b, change, p, m.beyond_noise))
+                rows.append((col.removesuffix("_ms"), qn, m.a, m.b, change, p, direction(m)))
     return Table(
         "Stage percentiles (ms)",
         ("stage", "percentile", "A", "B", "change", "p", "significant"),
@@ -720,7 +772,8 @@ def stage_table(c: Comparison) -> Table:
         (
             f"significant: the test ({TESTS['p50']} for p50, {BOOT} for p95/p99; none for "
             f"the max, a single value) rejects no-difference at alpha = {c.alpha:g} and the "
-            f"change is at least {c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms.",
+            f"change is at least {c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms; worse: "
+            "B is higher (slower), better: B is lower.",
         ),
     )
 
@@ -740,7 +793,9 @@ def _tables(c: Comparison) -> list[Table]:
     legend = (
         f"Beyond noise: the test rejects no-difference at alpha = {c.alpha:g} and the "
         f"change is at least {c.min_effect_pct:g}% of A and {MIN_EFFECT_MS:g} ms (timings), "
-        "or the test alone (drop fraction, memory slopes). Higher is worse for every metric."
+        "or the test alone (drop fraction, memory slopes). Higher is worse for every metric: "
+        "beyond noise reads worse (B higher) or better (B lower). drop_fraction is the drops "
+        "criterion's own lost / ticks where both runs were judged."
     )
     return [
         Table(
@@ -768,7 +823,7 @@ def _tables(c: Comparison) -> list[Table]:
                     _fmt_pct(m.change_pct),
                     m.test,
                     _fmt_p(m.p),
-                    m.beyond_noise,
+                    direction(m),
                 )
                 for m in c.metrics
                 if not _in_stage_table(m)  # shown once, in the stage table
@@ -779,7 +834,15 @@ def _tables(c: Comparison) -> list[Table]:
             "Criteria",
             ("criterion", "A", "B", "A value", "B value", "unit", "changed"),
             [
-                (r.criterion, r.a_status, r.b_status, r.a_value, r.b_value, r.unit, r.changed)
+                (
+                    r.criterion,
+                    r.a_status,
+                    r.b_status,
+                    r.a_value,
+                    r.b_value,
+                    r.unit,
+                    criterion_change(r),
+                )
                 for r in c.criteria
             ],
             "Neither run has a stored verdict.",
@@ -813,7 +876,8 @@ _HTML_CSS = (
     "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}"
     "h1{font-size:20px}h2{font-size:16px;margin-top:24px}"
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 6px}"
-    ".warn{color:#b8860b}.note{color:#555;font-size:13px}td.yes{color:#d62728;font-weight:bold}"
+    ".warn{color:#b8860b}.note{color:#555;font-size:13px}"
+    "td.worse{color:#d62728;font-weight:bold}td.better{color:#2ca02c;font-weight:bold}"
 )
 
 
@@ -826,7 +890,7 @@ def _html_table(t: Table) -> str:
         cells = []
         for v in row:
             text = _fmt(v).strip("`") if isinstance(v, str) else _fmt(v)
-            cls = ' class="yes"' if v is True else ""
+            cls = f' class="{v}"' if v in ("worse", "better") else ""
             cells.append(f"<td{cls}>{escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
