@@ -124,7 +124,7 @@ def judge_memory_metric(
         criterion=name,
         title=title,
         status=status,
-        value=tr.slope * per,
+        value=judged.slope * per,  # the slope the status rests on (a tail's, after a bend)
         threshold=thr,
         unit="MB/min",
         detail=detail,
