@@ -89,7 +89,7 @@ def judge_stage_trend(ctx: Context) -> list[CriterionResult]:
             call = call_trend(tr, win.t[has], vals, alpha, tol / 60)
             key = f"{col} {stat}"
             slope = tr.slope * 60
-            hours = left / slope / 60 if slope > 0 else math.inf
+            hours = max(left, 0.0) / slope / 60 if slope > 0 else math.inf
             rows[key] = {"slope": slope, "p_value": tr.p, "decided_by": call.how,
                          "hours_to_budget": hours if math.isfinite(hours) else None}  # fmt: skip
             if tr.p < alpha and slope > 0 and hours * 3600 <= c.horizon:
@@ -123,9 +123,13 @@ def _result(
         stage = key.split("_ms")[0]
         detail = (
             f"stage {stage} slows down: its window {key.split()[1]}s rise {r['slope']:.3g} "
-            f"ms/min (p = {r['p_value']:.2g}); the {left:.3g} ms left of the {budget:.3g} ms "
-            f"frame budget (1000 / fps) is gone in {_hours(hours)}, within the horizon "
-            f"({ev['horizon_h']:.3g} h)"
+            f"ms/min (p = {r['p_value']:.2g}); "
+            + (
+                f"the {left:.3g} ms left of the {budget:.3g} ms frame budget (1000 / fps) is "
+                f"gone in {_hours(hours)}, within the horizon ({ev['horizon_h']:.3g} h)"
+                if left > 0
+                else f"the frames already take longer than the {budget:.3g} ms frame budget"
+            )
         )
         return _row(FAIL, rows[key]["slope"], tol, detail, ev)
     if open_:
