@@ -347,6 +347,10 @@ class SyntheticWorkload(_Section):
     spike_ms: float = Field(0.0, ge=0)
     drift_ms_per_min: float = 0.0
     leak_mb_per_min: float = Field(0.0, ge=0)
+    leak_after_s: float = Field(0.0, ge=0)  # the leak starts once the workload is this old
+    # bounded growth: plateau_mb allocated evenly over the first plateau_s, then nothing
+    plateau_mb: float = Field(0.0, ge=0)
+    plateau_s: float = Field(20.0, gt=0)
     sawtooth_mb: float = Field(0.0, ge=0)
     sawtooth_period_s: float = Field(10.0, gt=0)
     error_every: int = Field(0, ge=0)
@@ -907,8 +911,14 @@ class CriteriaSettings(_Section):
     max_age_p95_ms: float | None = Field(None, gt=0)
     max_memory_growth_mb_per_min: float = Field(1.5, ge=0)  # 2.1 GB/day (docs/verdict.md)
     floor_window_s: Duration = Field(4.0, gt=0)
-    # time to exhaustion at the floor slope vs the headroom left (limit - peak used)
-    min_headroom_hours: float = Field(24.0, ge=0)
+    # how long the model must run between restarts: memory_headroom and stage_trend
+    # project the measured growth over it (a duration: "168h", 604800)
+    horizon: Duration = Field(7 * 86_400.0, gt=0)
+    # memory_headroom's horizon in hours when it must differ from ``horizon`` (its older
+    # name); None: ``horizon``
+    min_headroom_hours: float | None = Field(None, ge=0)
+    # stage_trend: a stage's window floors or medians may not rise faster than this
+    max_stage_slope_ms_per_min: float = Field(5.0, ge=0)
     jitter_k: float | Literal["history"] = 5.0
     # "count": fail when more frames than allowed exceed k x median, "max": the max alone
     jitter_rule: Literal["count", "max"] = "count"

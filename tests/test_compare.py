@@ -406,7 +406,8 @@ def test_compare_floor_slope_uses_the_verdicts_floor_windows(db_path: Path) -> N
     m = c.metric("rss.floor_slope")
     assert m.test == THEIL
     stored = q.verdict_rows(conn, "B")["memory_rss"]
-    assert stored["status"] in ("pass", "fail")
+    # judged on shortened windows: INVALID "too short to judge", its slope still measured
+    assert stored["status"] == "invalid" and stored["value"] is not None
     assert m.b == pytest.approx(stored["value"], rel=1e-6)
     assert m.beyond_noise is True
 

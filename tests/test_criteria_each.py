@@ -79,6 +79,16 @@ def _generator(first_output_ms: float) -> RunData:
     return d
 
 
+def _doubling(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Infer doubling from 20 to 40 ms over 2 minutes (10 ms/min), inside its 100 ms frame
+    budget at 10 fps."""
+    return (20 + 20 * t / 120) * np.exp(rng.normal(0, 0.05, t.size))
+
+
+def _stages(infer: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None) -> RunData:
+    return planted(dur=120.0, fps=10.0, infer=infer)
+
+
 def _slow(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return 40 * np.exp(rng.normal(0, 0.05, t.size))
 
@@ -102,6 +112,7 @@ CASES: dict[str, Case] = {
     "jitter": ("jitter", planted, lambda: planted(infer=_spiky), FAIL, CRIT),
     "errors": ("errors", planted, lambda: planted(has_error=np.arange(18_000) % 30 == 0), FAIL,
                CRIT),
+    "stage_trend": ("stage_trend", lambda: _stages(None), lambda: _stages(_doubling), FAIL, CRIT),
     "server_queue": ("server_queue", lambda: _served(0.0), lambda: _served(10.0), FAIL, CRIT),
     "intervals": ("first_output", lambda: _generator(300.0), lambda: _generator(900.0), FAIL,
                   FIRST_OUTPUT),

@@ -341,3 +341,83 @@ def look_alpha(alpha: float, fraction: float, previous: float) -> float:
     spending function spends between them. Testing each look at its increment keeps the
     chance of any false early stop under ``alpha`` (a union bound over the looks)."""
     return max(obrien_fleming_spent(alpha, fraction) - obrien_fleming_spent(alpha, previous), 0.0)
+
+
+def slope_upper(tr: Trend, alpha: float) -> float:
+    """A one-sided upper confidence bound of ``tr``'s slope at ``alpha``: the slope plus
+    z_{1-α} standard errors, the standard error read back from the trend's detectable slope
+    (its residual scale over its span, at its effective points; ``min_detectable_slope``).
+    Infinite when the trend has too few effective points for one."""
+    if not math.isfinite(tr.mds) or not 0 < alpha < 1:
+        return float("inf")
+    norm = scipy_stats().norm
+    se = tr.mds / (float(norm.ppf(1 - alpha / 2)) + Z_POWER_80)
+    return tr.slope + float(norm.ppf(1 - alpha)) * se
+
+
+@dataclass(frozen=True, slots=True)
+class Settling:
+    """Where a rising series bends (``knee``), fitted as two joined lines: from window ``k``
+    on (time ``t``) the ``tail`` trend; ``rise``: how far it rose before (the tail's median
+    over the first point); ``upper``: the tail slope's one-sided upper confidence bound;
+    ``level``: the tail's Theil–Sen slope is at or under the tolerance and not
+    significantly over it (the rise stopped); ``shown``: and the tail is long and quiet
+    enough to show it (``upper`` and the smallest slope it could detect at or under the
+    tolerance), so the growth is bounded."""
+
+    k: int
+    t: float
+    rise: float
+    tail: Trend
+    upper: float
+    level: bool
+    shown: bool
+
+
+def knee(t: np.ndarray, y: np.ndarray, min_tail: int) -> int | None:
+    """The index where ``y`` changes course: the least-squares fit of one line before it and
+    another from it on (a ramp that levels off, or a step), over the splits that leave at
+    least 3 points before and ``min_tail`` from it on. The split is chosen by the fit, not
+    by any test of the tail, so testing the tail afterwards is one test, not a search for
+    a level one."""
+    n = y.size
+    if n < min_tail + 3:
+        return None
+    t = t - t[0]
+    # running sums give each prefix's and suffix's least-squares residual at once
+    c = [np.concatenate([[0.0], np.cumsum(v)]) for v in (np.ones(n), t, y, t * t, t * y, y * y)]
+
+    def sse(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        m, st, sy, stt, sty, syy = (x[hi] - x[lo] for x in c)
+        vt = stt - st * st / m
+        cov = sty - st * sy / m
+        vy = syy - sy * sy / m
+        return vy - np.where(vt > 0, cov * cov / np.where(vt > 0, vt, 1.0), 0.0)
+
+    ks = np.arange(3, n - min_tail + 1)
+    total = sse(np.zeros_like(ks), ks) + sse(ks, np.full_like(ks, n))
+    return int(ks[int(np.argmin(total))])
+
+
+def settling(
+    t: np.ndarray, y: np.ndarray, alpha: float, tol: float, *, min_points: int = 0
+) -> Settling | None:
+    """For a series whose trend rises over ``tol``: its ``knee`` and the trend after it
+    (``Settling``), the tail at least a third of the series: a bend later than that cannot
+    yet be told from noise on a leak. None when too short for a tail of ``min_points`` and
+    ``min_trend_points(alpha)`` points. A leak over ``tol`` has a tail whose slope's upper
+    bound is under ``tol`` with probability about ``alpha`` (bench/memory_shape.py)."""
+    t = np.asarray(t, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(t) & np.isfinite(y)
+    t, y = t[ok], y[ok]
+    m = max(min_points, min_trend_points(alpha))
+    k = knee(t, y, max(m, math.ceil(y.size / 3)))
+    if k is None:
+        return None
+    tail = trend(t[k:], y[k:], alpha)
+    upper = slope_upper(tail, alpha)
+    level = tail.slope <= tol and not tail.rising(alpha, tol)
+    shown = level and tail.testable(alpha) and upper <= tol and tail.mds <= tol
+    rise = float(np.median(y[k:]) - y[0])
+    return Settling(k, float(t[k]), rise, tail, upper, level, shown)

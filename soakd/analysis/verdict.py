@@ -33,6 +33,7 @@ from soakd.analysis.criteria import (
     memory,
     oom,
     server_queue,
+    stage_trend,
     thresholds,
     validity,
 )
@@ -79,6 +80,7 @@ CRITERIA: tuple[ModuleType, ...] = (
     validity,
     drops,
     frame_age,
+    stage_trend,
     memory,
     headroom,
     oom,

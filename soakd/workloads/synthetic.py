@@ -6,7 +6,9 @@ of relative sigma ``jitter``), or with ``cpu_bound`` that much of the thread's o
 spun (a model computing on the CPU: slower in wall time when the host is loaded).
 ``spike_every`` makes every Nth frame's infer ``spike_ms`` longer; ``drift_ms_per_min``
 makes infer grow linearly with elapsed time. Memory is real:
-``leak_mb_per_min`` allocates, touches and keeps memory; ``sawtooth_mb`` allocates up to that
+``leak_mb_per_min`` allocates, touches and keeps memory (from ``leak_after_s`` on: a leak
+that starts late); ``plateau_mb`` allocates that much evenly over the first ``plateau_s``
+and then nothing (bounded growth, a cache that fills); ``sawtooth_mb`` allocates up to that
 size over ``sawtooth_period_s`` and releases it, repeatedly. ``error_every`` makes every Nth
 infer raise; with ``error_stream`` set, only that stream's frames raise (``run.streams``):
 every Nth of them, or all when ``error_every`` is 0. ``stall_after_s`` makes infer block
@@ -67,6 +69,7 @@ class Synthetic:
         # not, a no-op infer reads no clock
         self._aging = bool(
             settings.leak_mb_per_min > 0
+            or settings.plateau_mb > 0
             or settings.sawtooth_mb > 0
             or settings.stall_after_s > 0
             or settings.drift_ms_per_min
@@ -108,11 +111,14 @@ class Synthetic:
 
     def _memory(self, elapsed: float) -> None:
         s = self.s
+        target = 0.0
         if s.leak_mb_per_min > 0:
-            target = int(s.leak_mb_per_min * _MB * elapsed / 60.0)
-            while self._leaked + _CHUNK <= target:
-                self._leak.append(_touched(_CHUNK))
-                self._leaked += _CHUNK
+            target += s.leak_mb_per_min * _MB * max(elapsed - s.leak_after_s, 0.0) / 60.0
+        if s.plateau_mb > 0:
+            target += s.plateau_mb * _MB * min(elapsed / s.plateau_s, 1.0)
+        while self._leaked + _CHUNK <= target:
+            self._leak.append(_touched(_CHUNK))
+            self._leaked += _CHUNK
         if s.sawtooth_mb > 0:
             phase = (elapsed % s.sawtooth_period_s) / s.sawtooth_period_s
             want = int(s.sawtooth_mb * phase)  # MiB held now: ramps up, then drops to 0

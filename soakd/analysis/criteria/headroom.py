@@ -1,5 +1,6 @@
 """Time to exhaustion: each memory metric's headroom (limit - peak used) at its floor slope,
-against ``min_headroom_hours``; reads the memory criterion's results.
+against ``criteria.horizon`` (how long the model must run between restarts; or
+``min_headroom_hours`` when set); reads the memory criterion's results.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from soakd.analysis import server
 from soakd.analysis.criteria.base import Context
 from soakd.analysis.model import FAIL, INVALID, MEMORY_METRICS, MIB, PASS, CriterionResult
+from soakd.config import CriteriaSettings
 
 
 def _memory_limit(ctx: Context, name: str) -> tuple[float, str, float] | None:
@@ -47,14 +49,19 @@ def _memory_limit(ctx: Context, name: str) -> tuple[float, str, float] | None:
 
 def _hours_left(ctx: Context, res: CriterionResult, headroom: float) -> float | None:
     """Hours until ``headroom`` bytes are gone at the metric's floor slope: infinite for a
-    flat floor (no significant rise), the bound's rate when only a bound was possible,
-    None when untested."""
+    flat floor (no significant rise), the bound's rate when only a bound was possible, the
+    level tail's slope after a rise that stopped, None when untested or still settling."""
     tr = ctx.trends.get(res.criterion)
     how = res.evidence.get("decided_by")
-    if tr is None or how == "untested":
+    if tr is None or how in ("untested", "settling"):
         return None
     if how == "bounded":
         per_s = float(res.evidence["bound_slope"]) * MIB / 60
+    elif how == "settled":  # the rise stopped: what the level tail still grows, if anything
+        tail = res.evidence["settled"]
+        if not (tail["p_value"] < ctx.crit.alpha and tail["slope"] > 0):
+            return math.inf
+        per_s = float(tail["slope"]) * MIB / 60
     elif tr.p < ctx.crit.alpha and tr.slope > 0:
         per_s = tr.slope
     else:
@@ -62,6 +69,13 @@ def _hours_left(ctx: Context, res: CriterionResult, headroom: float) -> float | 
     if per_s <= 0:
         return math.inf
     return max(headroom, 0.0) / per_s / 3600
+
+
+def horizon_hours(crit: CriteriaSettings) -> float:
+    """The hours memory must last: ``min_headroom_hours`` when set, else the horizon."""
+    if crit.min_headroom_hours is not None:
+        return crit.min_headroom_hours
+    return crit.horizon / 3600
 
 
 def _headroom_metrics(
@@ -93,11 +107,12 @@ def _headroom_metrics(
 def judge_headroom(ctx: Context, memory: Sequence[CriterionResult]) -> CriterionResult:
     """Time to exhaustion at the measured floor slope against the headroom left (limit -
     peak used), for each memory metric with a known limit; FAIL when the shortest is under
-    ``min_headroom_hours``, INVALID when a metric with a limit could not be tested."""
-    thr = ctx.crit.min_headroom_hours
+    the horizon (``horizon_hours``), INVALID when a metric with a limit could not be
+    tested."""
+    thr = horizon_hours(ctx.crit)
     title = "Memory headroom"
     per_metric, untested = _headroom_metrics(ctx, memory)
-    ev: dict[str, Any] = {"metrics": per_metric, "min_headroom_hours": thr}
+    ev: dict[str, Any] = {"metrics": per_metric, "horizon_hours": thr}
     if not per_metric:
         return CriterionResult.na(
             "memory_headroom",
@@ -114,7 +129,8 @@ def judge_headroom(ctx: Context, memory: Sequence[CriterionResult]) -> Criterion
         status = FAIL
         detail = (
             f"{worst}: {m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB "
-            f"({m['limit_source']}) gone in {value:.3g} h at the floor slope"
+            f"({m['limit_source']}) gone in {value:.3g} h at the floor slope, within the "
+            f"{thr:.3g} h horizon"
         )
     elif untested:
         status = INVALID

@@ -16,6 +16,7 @@ from soakd.analysis.criteria.base import (
     Context,
     EarlyFail,
     Live,
+    TrendCall,
     call_trend,
     detectability,
     look_window,
@@ -85,7 +86,8 @@ def judge_memory(ctx: Context) -> list[CriterionResult]:
 def judge_memory_metric(
     ctx: Context, name: str, title: str, t: np.ndarray, y: np.ndarray, w: float
 ) -> CriterionResult:
-    """One memory metric: the Theil–Sen slope of its window floors, in MB/min."""
+    """One memory metric: the Theil–Sen slope of its window floors, in MB/min, and the
+    shape of its growth (``_shape``): a rise that stopped is bounded growth, not a leak."""
     c = ctx.crit
     thr = c.max_memory_growth_mb_per_min
     win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1, medians=False)
@@ -94,7 +96,6 @@ def judge_memory_metric(
     tr = stats.trend(win.t[has], win.floor[has], c.alpha)
     ctx.trends[name] = tr
     per = 60.0 / MIB
-    slope = tr.slope * per
     call = call_trend(tr, win.t[has], win.floor[has], c.alpha, thr / per)
     floors = win.floor[has]
     ev: dict[str, Any] = {
@@ -106,43 +107,190 @@ def judge_memory_metric(
         if ctx.digest and name in ctx.digest.sawtooth
         else sawtooth(t, y),
         "decided_by": call.how,
+        "shape": "rising" if call.how == "rising" else "level",
         **trend_fields(tr, per),
     }
     if call.bound is not None:
         ev["bound_slope"] = call.bound * per
-    if call.how == "rising":
-        detail = f"floor rising {slope:.3g} MB/min (p = {tr.p:.2g})"
-    elif call.how == "untested":
-        need = span_to_test(ctx, tr, c.floor_window_s, MIN_WINDOWS)
-        ev["min_span_to_test_s"] = need
-        detail = untested(ctx, tr, "leaks", need)
-    elif call.how == "bounded":
-        detail = (
-            f"too few windows for a trend test, but the floors' range allows at most "
-            f"{call.bound * per:.3g} MB/min, peak {ev['peak_mb']:.0f} MB"  # type: ignore[operator]
-        )
-    else:
-        detail = (
-            f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
-            + not_significant(ctx, tr, per, thr, "MB/min")
-        )
-    status = call.status
-    if status == PASS and w < c.floor_window_s * (1 - FLOOR_SLACK):
+    status, detail, call, judged = _shape(ctx, tr, call, win.t[has], floors, ev)
+    if status in (PASS, FAIL) and w < c.floor_window_s * (1 - FLOOR_SLACK):
+        # shortened windows: a sawtooth slower than them can hide growth or read as it
         status, detail = INVALID, _floor_too_short(ctx, w)
-    open_ = undecided_trend(ctx, call, tr, per, thr, "MB/min") if status == PASS else None
+    open_ = undecided_trend(ctx, call, judged, per, thr, "MB/min") if status == PASS else None
     if open_:
         status, detail = INVALID, open_
+    warnings = [] if status == FAIL else detectability(ctx, judged, per, thr, "leaks", "MB/min")
+    if status != FAIL:
+        warnings += certain_growth(ctx, name, judged, per, thr)
     return CriterionResult(
         criterion=name,
         title=title,
         status=status,
-        value=slope,
+        value=judged.slope * per,  # the slope the status rests on (a tail's, after a bend)
         threshold=thr,
         unit="MB/min",
         detail=detail,
         evidence=ev,
-        warnings=detectability(ctx, tr, per, thr, "leaks", "MB/min"),
+        warnings=warnings,
     )
+
+
+def _shape(
+    ctx: Context,
+    tr: stats.Trend,
+    call: TrendCall,
+    t: np.ndarray,
+    floors: np.ndarray,
+    ev: dict[str, Any],
+) -> tuple[str, str, TrendCall, stats.Trend]:
+    """Status and detail of the floors by the shape of their growth, the call and the trend
+    (the whole window's, or the level tail's after a rise that stopped) they rest on:
+
+    * growth over the tolerance (or untested) that bends into a level tail is bounded: PASS
+      when the tail shows it stays level, else INVALID "still settling", never a leak;
+      growth under it that rose 1 MB or more and then shows a level tail is told the same
+      way (its tail, not the whole window, is the slope that goes on);
+    * growth over the tolerance that goes on, or a tail (after the bend, or the last half)
+      rising over it, FAILs;
+    * otherwise the whole window's trend decides, as before."""
+    c, per = ctx.crit, 60.0 / MIB
+    thr = c.max_memory_growth_mb_per_min
+    slope = tr.slope * per
+    # growth over the tolerance, or growth the test could not judge: did it stop?
+    over = call.how in ("rising", "untested") or slope > thr
+    settle = (
+        stats.settling(t, floors, c.alpha, thr / per, min_points=MIN_WINDOWS // 2)
+        if over or (tr.p < c.alpha and slope > 0)
+        else None
+    )
+    if settle is not None and settle.level and (over or (settle.shown and settle.rise >= MIB)):
+        status, detail = _settled(ctx, settle, ev, per, thr)
+        how = "trend" if status == PASS else "settling"
+        return status, detail, TrendCall(status, how), settle.tail
+    if call.how == "rising":
+        since = (
+            f" (and {settle.tail.slope * per:.3g} MB/min after t = {settle.t:.0f} s)"
+            if settle
+            else ""
+        )
+        detail = f"floor rising {slope:.3g} MB/min (p = {tr.p:.2g}){since}: growth that goes on"
+        return FAIL, detail, call, tr
+    late = (
+        (settle.t, settle.tail)
+        if settle is not None and settle.tail.rising(c.alpha, thr / per)
+        else _late_growth(t, floors, c.alpha, thr / per)
+    )
+    if late is not None:
+        ev.update(shape="rising late", decided_by="rising late", late=trend_fields(late[1], per))
+        detail = (
+            f"floor rising {late[1].slope * per:.3g} MB/min since t = {late[0]:.0f} s (p = "
+            f"{late[1].p:.2g}; {slope:+.3g} MB/min over the whole window): growth that "
+            f"started late and goes on"
+        )
+        return FAIL, detail, TrendCall(FAIL, "rising"), late[1]
+    if call.how == "untested":
+        need = span_to_test(ctx, tr, c.floor_window_s, MIN_WINDOWS)
+        ev["min_span_to_test_s"] = need
+        return INVALID, untested(ctx, tr, "leaks", need), call, tr
+    if call.how == "bounded":
+        detail = (
+            f"too few windows for a trend test, but the floors' range allows at most "
+            f"{call.bound * per:.3g} MB/min, peak {ev['peak_mb']:.0f} MB"  # type: ignore[operator]
+        )
+        return PASS, detail, call, tr
+    detail = (
+        f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
+        + not_significant(ctx, tr, per, thr, "MB/min")
+    )
+    return PASS, detail, call, tr
+
+
+def _late_growth(
+    t: np.ndarray, y: np.ndarray, alpha: float, tol: float
+) -> tuple[float, stats.Trend] | None:
+    """A leak that started late: the last half of the floors rising over ``tol`` at
+    alpha / 2 (one fixed split, chosen before looking, so the whole window's test and this
+    one together spend at most 1.5 alpha on a flat floor). (start time, trend) or None."""
+    h = y.size // 2
+    if y.size - h < stats.min_trend_points(alpha / 2):
+        return None
+    tr = stats.trend(t[h:], y[h:], alpha / 2)
+    return (float(t[h]), tr) if tr.rising(alpha / 2, tol) else None
+
+
+def _settled(
+    ctx: Context, s: stats.Settling, ev: dict[str, Any], per: float, thr: float
+) -> tuple[str, str]:
+    """A floor whose rise stopped at ``s.t``: PASS when the tail after it shows it stays
+    level (its slope's upper bound under the tolerance), else INVALID "still settling"
+    with how long the run would need. Never FAIL "a leak": the growth was bounded."""
+    tail_s = float(ctx.t1 - s.t)
+    ev.update(
+        shape="bounded",
+        decided_by="settled" if s.shown else "settling",
+        settled={
+            "at_s": s.t,
+            "rise_mb": s.rise / MIB,
+            "tail_s": tail_s,
+            "upper_slope": s.upper * per,
+            **trend_fields(s.tail, per),
+        },
+    )
+    what = f"bounded growth of {s.rise / MIB:.3g} MB that stopped at t = {s.t:.0f} s"
+    tail_slope = s.tail.slope * per
+    if s.shown:
+        return PASS, (
+            f"{what}: the floor stays level after it ({tail_slope:+.3g} MB/min over "
+            f"{tail_s:.0f} s, at most {s.upper * per:.3g} MB/min at alpha = "
+            f"{ctx.crit.alpha:g}), peak {ev['peak_mb']:.0f} MB"
+        )
+    need = _settle_span(s, tail_s, per, thr)
+    more = f"; about {need:.0f} s of level floor would show it" if math.isfinite(need) else ""
+    return INVALID, (
+        f"still settling: {what}, but the {tail_s:.0f} s after it cannot yet show that the "
+        f"floor stays level (it allows up to {s.upper * per:.3g} MB/min, tolerance "
+        f"{thr:g} MB/min){more}"
+    )
+
+
+def _settle_span(s: stats.Settling, tail_s: float, per: float, thr: float) -> float:
+    """About how long a level tail must be for its slope's upper bound to fall under the
+    tolerance: the bound's margin over the slope falls as span^-1.5 (evenly spaced
+    windows of the same noise)."""
+    slope, upper = s.tail.slope * per, s.upper * per
+    if not (math.isfinite(upper) and thr > slope and upper > slope and tail_s > 0):
+        return math.inf
+    return tail_s * ((upper - slope) / (thr - slope)) ** (2 / 3)
+
+
+WEEK_S = 7 * 86_400.0
+
+
+def size_mb(mb: float) -> str:
+    """A memory size for a reader: "907 MB", "6.2 GB" (MB = 2^20 bytes, GB = 2^30)."""
+    return f"{mb / 1024:.3g} GB" if abs(mb) >= 1024 else f"{mb:.3g} MB"
+
+
+def projection(mb_per_min: float, horizon_s: float) -> str:
+    """What a growth rate adds up to: "0.9 GB a day, 6.2 GB a week", and over the horizon
+    when that is not a week."""
+    words = f"{size_mb(mb_per_min * 1440)} a day, {size_mb(mb_per_min * 10_080)} a week"
+    if abs(horizon_s - WEEK_S) > 1:
+        hours = horizon_s / 3600
+        words += f", {size_mb(mb_per_min * horizon_s / 60)} over criteria.horizon ({hours:.3g} h)"
+    return words
+
+
+def certain_growth(ctx: Context, name: str, tr: stats.Trend, per: float, thr: float) -> list[str]:
+    """A warning for a floor that grows for certain (significant at alpha) though under the
+    tolerance: passing under it is the contract, silence about it is not."""
+    slope = tr.slope * per
+    if not (tr.p < ctx.crit.alpha and slope > 0):
+        return []
+    return [
+        f"{name}: the floor grows {slope:.3g} MB/min for certain (p = {tr.p:.2g}), under "
+        f"the tolerance {thr:g} MB/min: {projection(slope, ctx.crit.horizon)}"
+    ]
 
 
 def _floor_too_short(ctx: Context, w: float) -> str:
