@@ -235,6 +235,47 @@ def _jitter_detail(
     return f"{base}; {n} frame(s) over {over} at {when}{recur} (allowed {ex['exceed_allowed']})"
 
 
+def _no_timings(shape: str | None, title: str, k: float) -> CriterionResult:
+    """Nothing to judge: n/a for a session whose stages were not timed, else INVALID."""
+    if shape == "session":
+        return CriterionResult.na(
+            "jitter",
+            title,
+            threshold=k,
+            unit="x median",
+            detail="not applicable: the session's stages were not timed and no output came",
+        )
+    return CriterionResult.invalid(
+        "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"
+    )
+
+
+def _measure(
+    ctx: Context, src: Any, k: float, floor: float
+) -> tuple[str, dict[str, float], dict[str, Any], float, dict[str, Any]]:
+    """The judged column, its levels, its tail, the k-th largest value (k = frames allowed
+    over) and the frames over k x median and ``floor``: from the bounded path's digest or
+    from the loaded column."""
+    dg = ctx.digest
+    if dg and dg.jitter:
+        j = dg.jitter
+        y, fid, t = j.over
+        big = y > floor
+        ex = _exceedances(ctx, (y[big], fid[big], t[big]), j.kth, j.n, j.levels["median_ms"])
+        return j.column, j.levels, j.tail, j.kth, ex
+    y = src.y
+    levels = {
+        "median_ms": float(np.median(y)),
+        "max_ms": float(y.max()),
+        "p99_ms": float(np.percentile(y, 99)),
+        "max_frame_id": float(src.fid[int(np.argmax(y))]),
+    }
+    over = y > max(k * levels["median_ms"], floor)
+    kth = float(np.sort(y)[::-1][min(jitter_allowed(ctx.crit, y.size), y.size - 1)])
+    ex = _exceedances(ctx, (y[over], src.fid[over], src.t[over]), kth, y.size, levels["median_ms"])
+    return src.column, levels, _tail(y, src.fid), kth, ex
+
+
 def judge_jitter(ctx: Context, history: Sequence[float]) -> CriterionResult:
     """Stage time spikes: frames over k x median and over ``jitter_min_ms``.
     ``jitter_rule = "count"`` (default): FAIL when more frames exceed it than allowed
@@ -251,39 +292,10 @@ def judge_jitter(ctx: Context, history: Sequence[float]) -> CriterionResult:
     dg = ctx.digest
     src = None if dg else _jitter_source(ctx)
     if (dg.jitter is None) if dg else (src is None):
-        if d.meta.shape == "session":
-            return CriterionResult.na(
-                "jitter",
-                title,
-                threshold=k,
-                unit="x median",
-                detail="not applicable: the session's stages were not timed and no output came",
-            )
-        return CriterionResult.invalid(
-            "jitter", title, threshold=k, unit="x median", detail="no infer timings after warm-up"
-        )
+        return _no_timings(d.meta.shape, title, k)
     floor = c.jitter_min_ms
     cn = None
-    if dg and dg.jitter:
-        j = dg.jitter
-        col, levels, tail, kth = j.column, j.levels, j.tail, j.kth
-        y, fid, t = j.over
-        big = y > floor
-        ex = _exceedances(ctx, (y[big], fid[big], t[big]), kth, j.n, levels["median_ms"])
-    elif src is not None:
-        col, y = src.column, src.y
-        levels = {
-            "median_ms": float(np.median(y)),
-            "max_ms": float(y.max()),
-            "p99_ms": float(np.percentile(y, 99)),
-            "max_frame_id": float(src.fid[int(np.argmax(y))]),
-        }
-        cut = max(k * levels["median_ms"], floor)
-        over = y > cut
-        kth = float(np.sort(y)[::-1][min(jitter_allowed(c, y.size), y.size - 1)])
-        over_of = (y[over], src.fid[over], src.t[over])
-        ex = _exceedances(ctx, over_of, kth, y.size, levels["median_ms"])
-        tail = _tail(y, src.fid)
+    col, levels, tail, kth, ex = _measure(ctx, src, k, floor)
     med, mx = levels["median_ms"], levels["max_ms"]
     ratio = mx / med if med > 0 else (1.0 if mx == 0 else math.inf)
     ev: dict[str, Any] = {
