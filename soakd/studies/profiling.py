@@ -421,6 +421,27 @@ def _mb(v: int | None) -> str:
     return "–" if v is None else f"{v / (1 << 20):.0f} MB"
 
 
+def _rate_lines(r: ProfileResult) -> list[str]:
+    """The theoretical and recommended rates, or why there is none."""
+    lines: list[str] = []
+    if r.theoretical_fps is not None and r.recommended_band is not None:
+        lo, hi = r.recommended_band
+        lines.append(f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
+        lines.append(
+            f"- recommended rate: {r.recommended_fps:g} fps "
+            f"({RECOMMEND_FACTOR:g}x; band {lo:.3g}-{hi:.3g}): `{r.fps_flag}`"
+        )
+    elif r.theoretical_fps is not None:  # measured, but the run did not complete
+        lines.append(
+            f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis}) over a "
+            f"run that ended {r.status}"
+        )
+        lines.append("- recommended rate: none (the run did not complete)")
+    else:
+        lines.append("- theoretical rate: unknown (no frame finished after the first)")
+    return lines
+
+
 def render_markdown(r: ProfileResult) -> str:
     """The profile as Markdown: readable in a terminal and in a pull request."""
     lines = [f"## soakd profile `{r.run_id}` ({r.workload_kind}, {r.frames} frames unpaced)", ""]
@@ -482,21 +503,7 @@ def render_markdown(r: ProfileResult) -> str:
     if r.sample_output is not None:
         text = r.sample_output.replace("\n", " ")[:200]
         lines.append(f"- sample output: {text!r}")
-    if r.theoretical_fps is not None and r.recommended_band is not None:
-        lo, hi = r.recommended_band
-        lines.append(f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
-        lines.append(
-            f"- recommended rate: {r.recommended_fps:g} fps "
-            f"({RECOMMEND_FACTOR:g}x; band {lo:.3g}-{hi:.3g}): `{r.fps_flag}`"
-        )
-    elif r.theoretical_fps is not None:  # measured, but the run did not complete
-        lines.append(
-            f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis}) over a "
-            f"run that ended {r.status}"
-        )
-        lines.append("- recommended rate: none (the run did not complete)")
-    else:
-        lines.append("- theoretical rate: unknown (no frame finished after the first)")
+    lines += _rate_lines(r)
     if r.host is not None:
         mark = " (contention)" if r.host.contended else ""
         lines.append(f"- host: {r.host.words()}{mark}")
