@@ -175,7 +175,7 @@ EARLY = (
            "if most > 0 and live.lost > crit.max_drop_fraction * most:", "if False:",
            (EARLY_TESTS,)),
     Mutant("every early look tested at the full alpha (#22)", C_BASE,
-           "return stats.look_alpha(alpha, self.fraction, prev)", "return alpha",
+           "return look_alpha(alpha, self.fraction, prev)", "return alpha",
            (EARLY_TESTS,)),
     Mutant("an OOM never stops a run early (#22)", C_OOM,
            'return EarlyFail("oom", f"{live.ooms} out-of-memory error(s)") if live.ooms else None',
@@ -191,6 +191,23 @@ EARLY = (
     Mutant("frame age stops a run under its tolerance (#22)", C_FRAME_AGE,
            'if call_trend(tr, t, y, alpha, tol / 60).how != "rising":',
            'if call_trend(tr, t, y, alpha, 0.0).how != "rising":', (EARLY_TESTS,)),
+    # issue 31: early decisions that cannot die and can always come
+    Mutant("the looks spend alpha by O'Brien–Fleming again (#31)", C_BASE,
+           "    return alpha * math.log1p((math.e - 1.0) * t)",
+           "    return stats.obrien_fleming_spent(alpha, t)", ("tests/test_early_schedule.py",)),
+    Mutant("an observer's failure is not recorded (#31)", "soakd/observers/base.py",
+           "        if self._failed is not None:", "        if False:",
+           ("tests/test_observer_failure.py",)),
+    Mutant("a server's memory never stops a run early (#31)", C_MEMORY,
+           "for name, col, title in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS):",
+           "for name, col, title in MEMORY_METRICS:", ("tests/test_early_criteria.py",)),
+    Mutant("jitter stops a run within the allowance (#31)", C_JITTER,
+           "    if over <= allowed:", "    if over < 0:", ("tests/test_early_criteria.py",)),
+    Mutant("a look tests every window, however long the run (#31)", C_BASE,
+           "    return max(window, span / LOOK_MAX_WINDOWS)", "    return window",
+           ("tests/test_early_criteria.py",)),
+    Mutant("rows waiting for a lock never spill to disk (#31)", "soakd/store/db.py",
+           "                self._spill_if_waiting()\n", "", ("tests/test_store_spill.py",)),
 )  # fmt: skip
 
 MUTANTS = (
