@@ -341,6 +341,22 @@ def test_a_trend_too_short_to_test_whose_range_exceeds_the_tolerance_is_invalid(
     assert c is not None and c.status == "invalid" and c.detail.startswith("untested")
 
 
+def test_headroom_that_only_a_worst_case_bound_exhausts_is_invalid_never_fail() -> None:
+    """An 8 s run too short for a memory trend test (its floors' range bounds the slope)
+    whose bound would use up the little host memory left within the horizon: a worst-case
+    bound is no claim about the model, so memory_headroom is INVALID, not FAIL."""
+
+    def steps(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + np.floor(t / 3) % 2  # flat, one-byte steps
+
+    d = run_data(dur=8.0, warm=1.0, rss=steps)
+    d.meta.environment = {"host_mem_total_bytes": 400.05 * MIB}
+    v = judge(d, CriteriaSettings(min_duration_s=1, min_frames=5, floor_window_s=0.5))
+    m, h = v.get("memory_rss"), v.get("memory_headroom")
+    assert m is not None and m.evidence.get("decided_by") == "bounded"
+    assert h is not None and h.status == "invalid" and "too short to rule out" in h.detail
+
+
 def test_headroom_fails_when_a_slow_leak_exhausts_host_memory_within_a_day() -> None:
     """A leak at half the slope tolerance with ~440 MB left of a 1 GiB host: gone within
     hours, so memory_headroom fails while memory_rss passes."""

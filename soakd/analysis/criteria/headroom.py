@@ -98,6 +98,8 @@ def _headroom_metrics(
             "headroom_mb": (limit - peak) / MIB,
             "hours": hours if hours is None or math.isfinite(hours) else None,
             "flat": hours is not None and math.isinf(hours),
+            # too few windows for a trend test: the hours are at the range's worst-case bound
+            "bound_only": res.evidence.get("decided_by") == "bounded",
         }
         if hours is None:
             untested.append(res.criterion)
@@ -106,9 +108,10 @@ def _headroom_metrics(
 
 def judge_headroom(ctx: Context, memory: Sequence[CriterionResult]) -> CriterionResult:
     """Time to exhaustion at the measured floor slope against the headroom left (limit -
-    peak used), for each memory metric with a known limit; FAIL when the shortest is under
-    the horizon (``horizon_hours``), INVALID when a metric with a limit could not be
-    tested."""
+    peak used), for each memory metric with a known limit; FAIL when a growth the trend
+    test found runs out within the horizon (``horizon_hours``); INVALID when only a run too
+    short for a trend test bounds the growth so that it might (a worst-case bound is no
+    claim about the model), or when a metric with a limit could not be tested."""
     thr = horizon_hours(ctx.crit)
     title = "Memory headroom"
     per_metric, untested = _headroom_metrics(ctx, memory)
@@ -124,13 +127,26 @@ def judge_headroom(ctx: Context, memory: Sequence[CriterionResult]) -> Criterion
     finite = {k: v for k, v in per_metric.items() if v["hours"] is not None}
     worst = min(finite, key=lambda k: finite[k]["hours"]) if finite else None
     value = finite[worst]["hours"] if worst else None
-    if worst and value is not None and value < thr:
-        m = finite[worst]
-        status = FAIL
+    measured = {k: v for k, v in finite.items() if not v["bound_only"] and v["hours"] < thr}
+    bounds = {k: v for k, v in finite.items() if v["bound_only"] and v["hours"] < thr}
+    if measured:  # a growth the trend test found runs out within the horizon: the model's
+        name = min(measured, key=lambda k: measured[k]["hours"])
+        m = measured[name]
+        status, value = FAIL, m["hours"]
         detail = (
-            f"{worst}: {m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB "
+            f"{name}: {m['headroom_mb']:.0f} MB left of {m['limit_mb']:.0f} MB "
             f"({m['limit_source']}) gone in {value:.3g} h at the floor slope, within the "
             f"{thr:.3g} h horizon"
+        )
+    elif bounds:  # only a worst-case bound runs out: the run is too short to tell
+        name = min(bounds, key=lambda k: bounds[k]["hours"])
+        m = bounds[name]
+        status = INVALID
+        detail = (
+            f"{name}: too short to rule out running out within the {thr:.3g} h horizon: "
+            f"the floors' range bounds their growth at most so that the {m['headroom_mb']:.0f}"
+            f" MB left would last {m['hours']:.3g} h (no trend test: too few windows); soak "
+            "longer, or set criteria.horizon to how long the model must run"
         )
     elif untested:
         status = INVALID
