@@ -190,11 +190,20 @@ def latest_mode(mode: str) -> str | None:
     return mode
 
 
+def _is_folder(p: Path) -> bool:
+    """``p`` is a folder; a path this user may not look at is not (opening it then names
+    the permission problem in one line)."""
+    try:
+        return p.is_dir()
+    except OSError:
+        return False
+
+
 def default_db_path(db: Path | None = None) -> Path:
     """The database a command reads: ``--db`` when given, else the default. A folder given
     as ``--db`` (``--db ''`` is the current folder) is a usage error naming it, exit 2."""
     if db is not None:
-        if db.is_dir():
+        if _is_folder(db):
             raise error(
                 f"--db {str(db)!r}: is a folder, not a run database file"
                 " (name the file, e.g. --db soakd.db)"

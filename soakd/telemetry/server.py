@@ -601,7 +601,7 @@ def server_probes(settings: Any, log: Any = None) -> list[Probe]:
         # alone is never looked for elsewhere)
         unit = t.server_unit if t.server_pid is None else None
         port = (
-            None if t.server_pid is not None or unit else _host_port(settings.workload.base_url)[1]
+            None if t.server_pid is not None or unit else _host_port(endpoint_url(settings))[1]
         )
         probes.append(ServerProcessProbe(pid, mem, port=port, unit=unit))
         _info(log, f"sampling the model server: pid {pid} ({how}) and its children")
