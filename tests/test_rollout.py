@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import pytest
 
-from soakd.analysis import chunks, evaluate
+from soakd.analysis import chunks, evaluate, store
 from soakd.analysis.data import make_run_data
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.model import RunMeta, Verdict
@@ -312,11 +312,15 @@ def test_reports_show_first_output_intervals_their_tail_and_the_stage_table(
 
 @pytest.mark.model
 def test_reports_show_the_presentation_interval_beside_the_per_frame_average(
-    slow_bank: tuple[sqlite3.Connection, RunResult],
+    slow_bank: tuple[sqlite3.Connection, RunResult], tmp_path: Path
 ) -> None:
     """Markdown, HTML, JSON (summary.generator) and `soakd show` give the presentation
     interval (4 frames out at once: 3 in 4 are 0, the max is the largest chunk gap, 4x the
-    per-frame average's) beside the per-frame average, and say which one was judged."""
+    per-frame average's) beside the per-frame average, and say which one was judged. `show`
+    prints the run summary's intervals (every frame, "(whole run)") and labels "(judged)"
+    only the verdict's own number: none for this unjudged run, and once content_fps has
+    judged it, the "judged (content_fps ...)" line with the verdict's presentation p95 (over
+    the waits between visible updates after the warm-up, not the whole-run figure)."""
     conn, res = slow_bank
     data, v = evaluate(conn, res.run_id)
     g = verdict_dict(data, v)["summary"]["generator"]
@@ -330,8 +334,32 @@ def test_reports_show_the_presentation_interval_beside_the_per_frame_average(
     db = conn.execute("PRAGMA database_list").fetchone()[2]
     shown = run_cli("show", res.run_id, "--db", db)
     assert shown.returncode == 0, shown.stderr
-    line = next(ln for ln in shown.stdout.splitlines() if "presentation interval" in ln)
-    assert "(judged)" in line and f"max {pr['max']:.4g}" in line
+    lines = shown.stdout.splitlines()
+    line = next(ln for ln in lines if "presentation interval" in ln)
+    assert "(whole run)" in line and f"max {pr['max']:.4g}" in line, line
+    assert not [ln for ln in lines if "(judged)" in ln or ln.startswith("judged")], lines
+    # the same run judged with content_fps set (in a copy: the fixture's run stays unjudged)
+    copy = sqlite3.connect(tmp_path / "judged.db")
+    conn.backup(copy)
+    crit = CriteriaSettings(
+        min_duration_s=1, min_frames=5, max_memory_growth_mb_per_min=1000, content_fps=2
+    )
+    _, jv = evaluate(copy, res.run_id, crit)
+    store(copy, jv)
+    copy.close()
+    cf = jv.get("content_fps")
+    assert cf is not None and cf.status in ("pass", "fail") and cf.value is not None, cf
+    assert cf.evidence["basis"] == "presentation"
+    shown = run_cli("show", res.run_id, "--db", str(tmp_path / "judged.db"))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    judged_lines = [ln for ln in lines if "(judged)" in ln or ln.startswith("judged")]
+    assert any(ln.startswith(f"judged (content_fps {cf.status.upper()})") for ln in judged_lines)
+    assert all(f"p95 {cf.value:.4g}" in ln for ln in judged_lines), judged_lines
+    line = next(ln for ln in lines if ln.startswith("presentation interval"))
+    doc = run_cli("show", res.run_id, "--db", str(tmp_path / "judged.db"), "--format", "json")
+    whole = json.loads(doc.stdout)["run"]["summary"]["presentation_ms"]["p95"]
+    assert ("(judged)" in line) == (whole == cf.value), (line, cf.value)
 
 
 @pytest.mark.model

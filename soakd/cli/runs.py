@@ -161,7 +161,15 @@ def show_cmd(
         write_output(json.dumps(doc, default=str, indent=2), output)
         return
     shown = _show_text(run, stages, evs, peak_rss)
-    judged = next((r for r in verdict_rows if r["criterion"] == "content_fps"), None)
+    # content_fps judged a number only when it PASSed or FAILed (N/A: unset, not judged)
+    judged = next(
+        (
+            r
+            for r in verdict_rows
+            if r["criterion"] == "content_fps" and str(r["status"]).lower() in ("pass", "fail")
+        ),
+        None,
+    )
     shown[1:1] = _generator_lines(run.get("summary") or {}, chunk_stages, judged)
     if verdict_rows:
         shown.append(format_criteria_rows([_criterion(r) for r in verdict_rows]))
@@ -181,9 +189,10 @@ def _generator_lines(
     s: dict[str, Any], chunk_stages: dict[str, Any], judged: dict[str, Any] | None = None
 ) -> list[str]:
     """A generator run's first output and output intervals (the run summary's: every frame
-    of the run), the number content_fps judged (the verdict's: after the warm-up), and a
-    rollout's named chunk stages (ms over the measured chunks). A summary line is marked
-    "(judged)" only when its p95 is the verdict's."""
+    of the run), the number content_fps judged (the verdict's: after the warm-up, and only
+    when content_fps is set), and a rollout's named chunk stages (ms over the measured
+    chunks). A summary line is marked "(judged)" only when its p95 is the verdict's, else
+    "(whole run)": a run with no verdict, or content_fps unset, has no judged line."""
     iv = s.get("interval_ms")
     out = []
     if isinstance(iv, dict):
