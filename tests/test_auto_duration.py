@@ -66,7 +66,26 @@ def test_a_healthy_auto_run_stops_once_decided_and_says_when_and_what_it_could_s
     assert mem.detectable <= 60
     html = _report(s, res.run_id)  # the looks drawn against the tolerance
     panel = html[html.index('data-panel="convergence"') :].split("</svg>")[0]
-    assert 'data-series="memory_rss"' in panel and "decided below 1" in panel
+    note = html[html.index('id="convergence-note"') :].split("</p>")[0].split(">", 1)[1]
+    assert "decided below 1" in panel and "every criterion decided at the last look" in note
+    # memory_rss is a line, a mark when one look saw it (both carry data-series), or, at 0
+    # x tolerance at every look (its windows did not vary), named under the panel instead
+    ratios = [
+        st.detectable / st.tolerance
+        for _, stands in looks
+        for st in stands
+        if st.criterion == "memory_rss" and st.tolerance and st.detectable is not None
+    ]
+    assert ratios
+    if max(ratios) == 0:
+        assert 'data-series="memory_rss"' not in panel, panel
+        flat = note.split(": 0 x tolerance at every look")[0]
+        assert "memory_rss" in flat.split(", ") and "not drawn" in note, note
+    else:
+        drawn = '<g class="series" data-series="memory_rss"' if len(ratios) == 1 else (
+            '<path class="series" data-series="memory_rss"'
+        )  # fmt: skip
+        assert drawn in panel, panel
 
 
 def _report(settings: Settings, run_id: str) -> str:
