@@ -600,9 +600,7 @@ def server_probes(settings: Any, log: Any = None) -> list[Probe]:
         # followed where it was found: the unit's MainPID, the port's listener (a pid named
         # alone is never looked for elsewhere)
         unit = t.server_unit if t.server_pid is None else None
-        port = (
-            None if t.server_pid is not None or unit else _host_port(endpoint_url(settings))[1]
-        )
+        port = None if t.server_pid is not None or unit else _host_port(endpoint_url(settings))[1]
         probes.append(ServerProcessProbe(pid, mem, port=port, unit=unit))
         _info(log, f"sampling the model server: pid {pid} ({how}) and its children")
     url = metrics_url(settings)
