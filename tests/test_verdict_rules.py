@@ -341,6 +341,19 @@ def test_a_trend_too_short_to_test_whose_range_exceeds_the_tolerance_is_invalid(
     assert c is not None and c.status == "invalid" and c.detail.startswith("untested")
 
 
+def test_a_zero_memory_tolerance_judges_without_dividing_by_it() -> None:
+    """criteria.max_memory_growth_mb_per_min = 0 (no growth allowed, which the settings
+    accept) judges a slope that is not significant; nothing estimates the run length that
+    would decide it (a ZeroDivisionError before)."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + 0.01 * MIB * t / 60 + rng.normal(0, 2 * MIB, t.size)
+
+    c = judge(run_data(rss=rss, seed=0), CriteriaSettings(max_memory_growth_mb_per_min=0))
+    m = c.get("memory_rss")
+    assert m is not None and m.status in ("pass", "invalid") and "would decide" not in m.detail
+
+
 def test_headroom_that_only_a_worst_case_bound_exhausts_is_invalid_never_fail() -> None:
     """An 8 s run too short for a memory trend test (its floors' range bounds the slope)
     whose bound would use up the little host memory left within the horizon: a worst-case

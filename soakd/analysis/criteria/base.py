@@ -454,7 +454,7 @@ def not_significant(ctx: Context, tr: stats.Trend, per: float, tol: float, unit:
     if not slope > tol:
         return ""
     words = f"; above {tol:g} {unit} but not significant at alpha = {ctx.crit.alpha:g}"
-    if math.isfinite(mds) and mds > tol and ctx.span > 0:
+    if math.isfinite(mds) and mds > tol > 0 and ctx.span > 0:  # tol 0: no length decides
         need = ctx.span * (mds / tol) ** (2 / 3)
         words += (
             f": this {ctx.minutes()} run sees growth over {mds:.3g} {unit}; about "
