@@ -305,8 +305,9 @@ MUTANTS = (
     # more of the verdict and the exit-code path (tests/test_verdict_rules.py, test_exit_codes.py)
     Mutant("memory slope per second, not per minute", C_MEMORY, "per = 60.0 / MIB",
            "per = 1.0 / MIB", (RULES,)),
-    Mutant("headroom never fails", C_HEADROOM, "if worst and value is not None and value < thr:",
-           "if worst and value is not None and value < thr / 100:", (RULES,)),
+    Mutant("headroom never fails", C_HEADROOM,
+           'if not v["bound_only"] and v["hours"] < thr}',
+           'if not v["bound_only"] and v["hours"] < thr / 100}', (RULES,)),
     Mutant("accelerating drops ignored", C_DROPS,
            "over_end = accelerating and end_rate is not None and end_rate > c.max_drop_fraction",
            "over_end = False", (RULES,)),

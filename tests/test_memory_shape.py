@@ -229,7 +229,10 @@ def test_a_real_plateau_is_not_a_fail_and_a_leak_from_the_half_is(
     plateau = run_soak(synthetic(*REAL, "workload.plateau_mb=40", "workload.plateau_s=6"))
     r = plateau.verdict.get("memory_rss")
     assert r is not None and r.status != "fail", r.detail
-    assert r.status == "pass" and "bounded growth of" in r.detail, r.detail
+    # the rise read as bounded growth; or, where a loaded host's longer warm-up swallowed
+    # it, floors that rose no faster than the tolerance (nothing for the shape step to do)
+    assert r.status == "pass", r.detail
+    assert "bounded growth of" in r.detail or (r.value or 0) <= r.threshold, r.detail
     late = run_soak(synthetic(*REAL, "workload.leak_mb_per_min=120", "workload.leak_after_s=11"))
     r = late.verdict.get("memory_rss")
     assert r is not None and r.status == "fail", r.detail

@@ -396,13 +396,16 @@ def test_a_server_that_keeps_every_frame_fails_its_own_memory_while_soakd_s_pass
     got = criteria(db_path, result.run_id)
     assert got["memory_server_rss"] == "fail"
     assert got["memory_rss"] == "pass"
-    (server_rss, own_rss) = rows(
+    # the leak is the server's, not soakd's: its RSS grew, soakd's own far less (how many
+    # MB depends on how many frames a loaded host pushed in 8 s)
+    grown = rows(
         db_path,
-        "SELECT server_rss_bytes, rss_bytes FROM samples WHERE run_id = ? ORDER BY seq "
-        "DESC LIMIT 1",
+        "SELECT max(server_rss_bytes) - min(server_rss_bytes), max(rss_bytes) - min(rss_bytes)"
+        " FROM samples WHERE run_id = ?",
         result.run_id,
     )[0]
-    assert server_rss - own_rss > 30 << 20  # the leak is the server's, not soakd's
+    server_growth, own_growth = grown
+    assert server_growth > 5 << 20 and server_growth > 3 * own_growth, grown
 
 
 def test_audio_out_is_timed_as_a_listener_hears_it_and_audio_in_goes_in_chunks(db_path, server):
