@@ -175,7 +175,8 @@ def test_a_leaking_auto_run_fails_early(synthetic: Callable[..., Settings]) -> N
                   "criteria.max_memory_growth_mb_per_min=5")  # fmt: skip
     res = run_soak(s)
     assert res.status == "aborted" and res.duration_s < 40, res.reason
-    assert res.verdict.status == "FAIL" and res.verdict.get("memory_rss").status == "fail"
+    assert res.verdict.status == "FAIL", res.verdict.reason
+    assert res.verdict.get("memory_rss").status == "fail"
     assert len(_events(s, "early_stop")) == 1 and not _events(s, "decided")
 
 
@@ -193,8 +194,9 @@ def test_an_auto_run_that_cannot_decide_by_max_duration_is_invalid_never_pass(
     assert res.status == "completed" and res.duration_s >= 7.9 and not _events(s, "decided")
     mem = res.verdict.get("memory_rss")
     assert mem is not None and mem.status in ("invalid", "fail"), mem
-    if mem.status == "invalid":  # too few effective windows to test at all, or to decide
-        assert mem.detail.startswith(("undecided", "untested")), mem.detail
+    if mem.status == "invalid":  # too few effective windows to test, to decide, or to show
+        # that a rise which stopped stays level
+        assert mem.detail.startswith(("undecided", "untested", "still settling")), mem.detail
     assert res.verdict.status in ("INVALID", "FAIL")  # never PASS
 
 
