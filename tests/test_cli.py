@@ -416,7 +416,10 @@ def test_sweep_on_a_terminal_is_a_rich_table(tmp_path: Path) -> None:
     vary = ("--vary", "workload.infer_ms=1,2", "--frames", "3")
     tty = _on_a_terminal("sweep", *vary, "--db", str(tmp_path / "s.db"), *SYNTH_CLI)
     assert "━" in tty and "total p50" in tty and "|---|" not in tty
-    assert "no knee found" in tty or "knee at" in tty
+    # its summary: a knee, none, or (a point cheaper than the one before beyond their spread,
+    # as a loaded host can measure) no knee read from a non-monotone sweep
+    words = " ".join(tty.split())  # the terminal wraps the line
+    assert any(w in words for w in ("no knee found", "knee at", "not a knee"))
     # a few 1-2 ms frames fall between two telemetry samples: the dash in peak RSS says why
     assert "note: peak RSS and GPU – at workload.infer_ms=" in tty
 
