@@ -574,6 +574,16 @@ def _check_base_url(v: str) -> str:
 BaseUrl = Annotated[str, AfterValidator(_check_base_url)]
 
 
+def _check_env_name(v: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+        raise ValueError(f"must name an environment variable, got {v!r}")
+    return v
+
+
+#: the name of an environment variable (a served workload's ``api_key_env``)
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+
+
 class OpenAIWorkloadSettings(_Section):
     """A model served behind an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM,
     SGLang, TGI, llama.cpp's server, ``transformers serve``, Ollama), driven over HTTP."""
@@ -594,7 +604,7 @@ class OpenAIWorkloadSettings(_Section):
     # merged into the request body (e.g. mm_processor_kwargs, ignore_eos, top_k); may not
     # repeat a key soakd sets itself
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    api_key_env: str | None = None  # the environment variable holding the API key (never stored)
+    api_key_env: EnvName | None = None  # the variable holding the API key (never stored)
     # requests in flight, one per stream: sets run.streams when it is left at 1
     concurrency: int | None = Field(None, ge=1, le=MAX_STREAMS)
     request_timeout_s: Duration = Field(60.0, gt=0, le=86_400)  # one request, connect to last byte
@@ -608,13 +618,6 @@ class OpenAIWorkloadSettings(_Section):
         for key in v:
             if key in OPENAI_OWN_KEYS:
                 raise ValueError(f"{key!r} is set by soakd: use workload.{OPENAI_OWN_KEYS[key]}")
-        return v
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError(f"must name an environment variable, got {v!r}")
         return v
 
 
@@ -646,7 +649,7 @@ class RealtimeWorkloadSettings(_Section):
     protocol: Literal["openai-realtime", "vllm-omni-video"] = "openai-realtime"
     url: WsUrl = "ws://127.0.0.1:8000/v1/realtime"
     model: str | None = None  # openai-realtime: sent as ?model= and in session.update
-    api_key_env: str | None = None  # the environment variable holding the key (never stored)
+    api_key_env: EnvName | None = None  # the variable holding the key (never stored)
     instructions: str | None = None
     # passed through in session.update / session.config (modalities, turn detection, ...)
     session: dict[str, Any] = Field(default_factory=dict)
@@ -662,13 +665,6 @@ class RealtimeWorkloadSettings(_Section):
     # the server unreachable (every reconnect refused) for this long ends the run (INVALID)
     unreachable_timeout_s: Duration = Field(30.0, gt=0)
     reconnect_backoff_s: Duration = Field(0.5, gt=0)
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError(f"must name an environment variable, got {v!r}")
-        return v
 
     @field_validator("questions")
     @classmethod
