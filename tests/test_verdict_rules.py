@@ -341,6 +341,22 @@ def test_a_trend_too_short_to_test_whose_range_exceeds_the_tolerance_is_invalid(
     assert c is not None and c.status == "invalid" and c.detail.startswith("untested")
 
 
+def test_a_stage_slowing_down_on_a_contended_host_is_invalid_on_a_quiet_one_fail() -> None:
+    """Infer tripling (20 -> 60 ms) inside its 100 ms budget FAILs stage_trend on a quiet
+    host; the same run while other processes held 95 % of the CPUs is INVALID (the host may
+    have slowed it), never PASS."""
+
+    def slowing(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return (20 + 40 * t / t[-1]) * np.exp(rng.normal(0, 0.02, t.size))
+
+    crit = CriteriaSettings(contended_cpu_pct=75)
+    st = np.arange(0, 300, 0.1)
+    for host, want in ((5.0, "fail"), (95.0, "invalid")):
+        busy = {"host_cpu_pct": np.full(st.size, host), "cpu_pct": np.zeros(st.size)}
+        c = judge(run_data(infer=slowing, samples=busy), crit).get("stage_trend")
+        assert c is not None and c.status == want, (host, c.detail)
+
+
 def test_a_zero_memory_tolerance_judges_without_dividing_by_it() -> None:
     """criteria.max_memory_growth_mb_per_min = 0 (no growth allowed, which the settings
     accept) judges a slope that is not significant; nothing estimates the run length that

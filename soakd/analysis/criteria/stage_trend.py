@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from soakd.analysis import stats
+from soakd.analysis.contention import other_cpu_pct
 from soakd.analysis.criteria.base import Context, call_trend, span_to_test
 from soakd.analysis.model import FAIL, INVALID, MAX_WINDOWS, NA, PASS, CriterionResult
 from soakd.records import STAGE_COLUMNS
@@ -131,6 +132,10 @@ def _result(
                 else f"the frames already take longer than the {budget:.3g} ms frame budget"
             )
         )
+        busy = _contended_share(ctx)
+        if busy is not None:  # the host, not only the model, may have slowed the stage
+            ev["contended_share"] = busy
+            return _row(INVALID, rows[key]["slope"], tol, _contended_words(ctx, busy, detail), ev)
         return _row(FAIL, rows[key]["slope"], tol, detail, ev)
     if open_:
         # n/a, not INVALID: a run this short has its timing judged by frame_age's own
@@ -156,6 +161,35 @@ def _result(
         f"(p = {rows[steepest]['p_value']:.2g})"
     )
     return res
+
+
+#: the share of the measured window other processes may hold the CPUs before a stage
+#: slowing down cannot be told from the host slowing it
+CONTENDED_SHARE = 0.1
+
+
+def _contended_share(ctx: Context) -> float | None:
+    """The share of the measured window's telemetry ticks in which other processes held
+    ``criteria.contended_cpu_pct`` % of the host's CPUs or more, when over
+    ``CONTENDED_SHARE`` (None: a quiet host, no host samples, or the rule off at 100)."""
+    c = ctx.crit
+    if c.contended_cpu_pct >= 100:
+        return None
+    t = ctx.data.samples["t"]
+    others = other_cpu_pct(ctx.data)
+    inside = (t >= ctx.t0) & (t <= ctx.t1) & np.isfinite(others)
+    if not inside.any():
+        return None
+    share = float((others[inside] >= c.contended_cpu_pct).mean())
+    return share if share > CONTENDED_SHARE else None
+
+
+def _contended_words(ctx: Context, share: float, detail: str) -> str:
+    return (
+        f"the host was contended: other processes held >= {ctx.crit.contended_cpu_pct:g} % "
+        f"of the CPUs in {share:.0%} of the measured window, so a stage slowing down is not "
+        f"the model's alone; soak on a quiet host or pin CPUs ({detail})"
+    )
 
 
 def _hours(h: float) -> str:
