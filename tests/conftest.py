@@ -95,6 +95,21 @@ def run_cli(
     )
 
 
+#: the settings every short soak of a served model (openai, realtime) shares: a small
+#: picture, 100 ms samples, 12 memory-floor windows of 0.3 s in the 4 s after a 1 s warm-up,
+#: and the busy suite machine's host load not judged (SYNTH_CLI says why)
+SERVED_SHORT_RUN = (
+    "run.sample_interval_ms=100",
+    "run.log_every=0",
+    "source.width=64",
+    "source.height=48",
+    "criteria.min_duration_s=1",
+    "criteria.min_frames=5",
+    "criteria.floor_window_s=0.3",
+    "criteria.contended_cpu_pct=100",
+)
+
+
 def error_lines(stderr: str) -> list[str]:
     """The lines of ``stderr`` that are not structured log records (the JSON lines soakd logs
     when stderr is not a terminal, e.g. a ``phase`` line before a model loads): what a person

@@ -18,7 +18,7 @@ import pytest
 
 from soakd.config import Settings, load_settings
 from soakd.run.runner import run_soak
-from tests.conftest import error_lines, run_cli
+from tests.conftest import SERVED_SHORT_RUN, error_lines, run_cli
 from tests.openai_test_server import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
@@ -34,14 +34,7 @@ def settings(db: Path, server: ServerProcess, *overrides: str) -> Settings:
         "run.duration=5",
         "run.fps=5",
         "run.warmup_s=1",
-        "run.sample_interval_ms=100",
-        "run.log_every=0",
-        "source.width=64",
-        "source.height=48",
-        "criteria.min_duration_s=1",
-        "criteria.min_frames=5",
-        "criteria.floor_window_s=0.3",  # 12 windows in the 4 s after the warm-up
-        "criteria.contended_cpu_pct=100",  # judge the server, not this busy machine (conftest)
+        *SERVED_SHORT_RUN,
     ]
     return load_settings(overrides=[*base, *overrides])
 

@@ -24,7 +24,7 @@ from soakd.records import Frame
 from soakd.run.runner import run_soak
 from soakd.workloads.base import WorkloadContext
 from soakd.workloads.realtime.client import RealtimeSession
-from tests.conftest import error_lines, run_cli
+from tests.conftest import SERVED_SHORT_RUN, error_lines, run_cli
 from tests.realtime_test_server import start
 
 pytestmark = pytest.mark.slow
@@ -54,13 +54,7 @@ def soak(db: Path, ws_url: str, protocol: str = "openai-realtime", *more: str) -
         "run.duration=5",
         "run.fps=5",
         "run.warmup_s=1",
-        "run.sample_interval_ms=100",
-        "run.log_every=0",
-        "source.width=64",
-        "source.height=48",
-        "criteria.min_duration_s=1",
-        "criteria.min_frames=5",
-        "criteria.floor_window_s=0.3",
+        *SERVED_SHORT_RUN,
     ]
     return run_soak(load_settings(overrides=[*base, *more]))
 

@@ -27,7 +27,7 @@ from soakd.config import CriteriaSettings, Settings, load_settings
 from soakd.run.runner import RunResult, run_soak
 from soakd.telemetry.probes import Values
 from soakd.telemetry.server import ServerProcessProbe, find_server
-from tests.conftest import run_cli
+from tests.conftest import SERVED_SHORT_RUN, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -110,13 +110,7 @@ def _settings(db: Path, port: int, *overrides: str) -> Settings:
             f"run.db={str(db)!r}",
             "run.fps=6",
             "run.warmup_s=1",
-            "run.sample_interval_ms=100",
-            "run.log_every=0",
-            "source.width=64",
-            "source.height=48",
-            "criteria.min_duration_s=1",
-            "criteria.min_frames=5",
-            "criteria.floor_window_s=0.3",  # 12 windows need 3.6 s of one server's life
+            *SERVED_SHORT_RUN,
             "criteria.max_memory_growth_mb_per_min=40",
             *overrides,
         ]
