@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from bench.mutate import MUTANTS, REPO
+from bench.mutants import ALL as MUTANTS
+from bench.mutate import REPO
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

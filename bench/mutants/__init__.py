@@ -1,0 +1,23 @@
+"""Every mutant bench/mutate.py runs, one module per area of the code:
+
+- ``verdict``: the verdict and the exit-code path (issues 20-31);
+- ``criteria``: each criterion module's own rules (issue 35);
+- ``early_auto``: stopping a run early and ``duration = "auto"`` (issue 35);
+- ``server``: the served model's process tree and the server criteria (issue 35);
+- ``served``: what the openai workload times (issue 35).
+"""
+
+from __future__ import annotations
+
+from bench.mutants import criteria, early_auto, served, server, verdict
+from bench.mutants.base import Mutant
+
+ALL: tuple[Mutant, ...] = (
+    *verdict.MUTANTS,
+    *criteria.MUTANTS,
+    *early_auto.MUTANTS,
+    *server.MUTANTS,
+    *served.MUTANTS,
+)
+
+__all__ = ["ALL", "Mutant"]
