@@ -1,7 +1,9 @@
 """Every mutant bench/mutate.py runs, one module per area of the code:
 
 - ``verdict``: the verdict and the exit-code path (issues 20-31);
-- ``criteria``: each criterion module's own rules (issue 35);
+- ``memory``: the memory floors, headroom and the stage-time trend (issue 35);
+- ``frames``: the per-frame criteria: frame age, jitter, drops, errors, OOM, validity,
+  thresholds, a generator's intervals (issue 35);
 - ``early_auto``: stopping a run early and ``duration = "auto"`` (issue 35);
 - ``server``: the served model's process tree and the server criteria (issue 35);
 - ``served``: what the openai workload times (issue 35).
@@ -9,12 +11,13 @@
 
 from __future__ import annotations
 
-from bench.mutants import criteria, early_auto, served, server, verdict
+from bench.mutants import early_auto, frames, memory, served, server, verdict
 from bench.mutants.base import Mutant
 
 ALL: tuple[Mutant, ...] = (
     *verdict.MUTANTS,
-    *criteria.MUTANTS,
+    *memory.MUTANTS,
+    *frames.MUTANTS,
     *early_auto.MUTANTS,
     *server.MUTANTS,
     *served.MUTANTS,

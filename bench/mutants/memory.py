@@ -1,4 +1,4 @@
-"""Issue 35's mutants of criteria (filled in by its part of the work)."""
+"""Issue 35's mutants of memory (filled in by its part of the work)."""
 
 from __future__ import annotations
 
