@@ -2,8 +2,9 @@
 in place of a real inference server (vLLM, ``transformers serve``), and that can plant faults
 on a real process.
 
-It generates no text worth reading: every completion is ``max_tokens`` (default 8) one-token
-content chunks of placeholder text, paced by ``--ttft-ms`` and ``--itl-ms``. What it does
+It generates no text worth reading: every completion is ``max_tokens`` (default 8) tokens of
+placeholder text, one a content chunk (``--tokens-per-chunk`` K: K a chunk), paced by
+``--ttft-ms`` and ``--itl-ms``. What it does
 honestly is everything soakd measures around a model: a real uvicorn process with its own pid
 and RSS, real sockets, SSE framed the way ``transformers serve`` and vLLM frame it, and a
 Prometheus ``/metrics`` page with vLLM's metric names. The planted faults (``--help`` lists
@@ -89,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttft-ms", type=float, default=5.0, help="delay before the first token (default 5)"
     )
     g.add_argument("--itl-ms", type=float, default=2.0, help="delay between tokens (default 2)")
+    g.add_argument(
+        "--tokens-per-chunk",
+        type=int,
+        default=1,
+        metavar="K",
+        help="streamed: each content chunk carries K tokens, sent once the Kth is generated "
+        "(a server that batches its stream: chunk gaps K x --itl-ms); usage counts tokens",
+    )
     g.add_argument(
         "--max-running",
         type=int,
@@ -577,16 +586,19 @@ def create_app(opts: argparse.Namespace) -> Any:
                         yield b": keepalive\n\n"
                 sent = 0
                 content = "" if opts.usage_only else "tok "
+                held = 0  # tokens generated and not yet sent (--tokens-per-chunk)
                 for i in range(n_tokens):
                     await asyncio.sleep(ttft if i == 0 else itl)
+                    sent, held = sent + 1, held + 1
+                    state.generation_tokens += 1
+                    if held < opts.tokens_per_chunk and i < n_tokens - 1:
+                        continue
                     if opts.odd_shapes:
                         yield b"data: " + _odd_chunk(k) + b"\n\n"
                     else:
-                        yield chunk(
-                            [{"index": 0, "delta": {"content": content}, "finish_reason": None}]
-                        )
-                    sent += 1
-                    state.generation_tokens += 1
+                        delta = {"content": content * held}
+                        yield chunk([{"index": 0, "delta": delta, "finish_reason": None}])
+                    held = 0
                     if reset or _every(opts.cut_every, k):
                         break
                 if _every(opts.cut_every, k):

@@ -16,8 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from soakd.analysis import evaluate
 from soakd.config import Settings, load_settings
+from soakd.report.summary import ITL_ROW, summarize
 from soakd.run.runner import run_soak
+from soakd.store.db import connect
 from tests.conftest import SERVED_SHORT_RUN, error_lines, run_cli
 from tests.openai_test_server import ServerProcess, start_server
 
@@ -83,6 +86,36 @@ def test_a_served_model_s_stages_are_time_to_first_token_and_the_rest_of_the_str
         # its gap longer and the next one shorter, so the median can fall under 10 ms (6.9
         # seen under a full test suite); decode above still holds the five gaps' sum
         assert 5 <= itl < 60
+
+
+def test_inter_token_latency_is_per_token_beside_chunk_gaps_and_errors_count_by_kind(
+    db_path, server
+):
+    """A server that sends 3 tokens a chunk, 10 ms a token: the report's inter-token latency
+    (decode / (tokens - 1)) is per token, a chunk gap is three tokens long, output tokens
+    are usage tokens, and the errors are counted by kind (http 503, reset)."""
+    srv = server("--ttft-ms", "20", "--itl-ms", "10", "--tokens-per-chunk", "3",
+                 "--fail-every", "5", "--fail-status", "503", "--reset-every", "7")  # fmt: skip
+    result = run_soak(settings(db_path, srv, "workload.max_tokens=12", "run.duration=6"))
+    conn = connect(str(db_path), readonly=True)
+    try:
+        s = summarize(*evaluate(conn, result.run_id))
+    finally:
+        conn.close()
+    itl, gap = s.served[ITL_ROW], s.served["chunk gap p50 (per request)"]
+    assert itl.n >= 10 and gap.n == itl.n
+    # 12 tokens in 4 chunks: decode is 3 gaps of 3 x 10 ms, over 11 token intervals
+    assert 90 * 0.8 / 11 <= itl.p50 < 60 and gap.p50 > 2 * itl.p50, (itl, gap)
+    run = s.served_run
+    assert run["output_tokens"] > 0 and run["output_tokens"] % 12 == 0, run
+    assert run["output_tokens_per_s"] == pytest.approx(run["output_tokens"] / s.fps["measured_s"])
+    n_errors = rows(db_path, "SELECT count(*) FROM frames WHERE error IS NOT NULL")[0][0]
+    kinds = run["errors_by_kind"]
+    assert set(kinds) == {"http 503", "reset"} and sum(kinds.values()) == n_errors, kinds
+    md = run_cli("report", result.run_id, "--db", str(db_path), "-f", "md")
+    assert f"| {ITL_ROW} |" in md.stdout and "| chunk gap p95 (per request) |" in md.stdout
+    served = next(line for line in md.stdout.splitlines() if line.startswith("**Served:**"))
+    assert f"{run['output_tokens']} output tokens" in served and "http 503" in served, served
 
 
 def test_n_streams_keep_n_requests_in_flight_at_once(db_path, server):

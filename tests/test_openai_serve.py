@@ -76,7 +76,7 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
     served, tmp_path, subprocess_env
 ):
     """configs/openai-endpoint.toml against the real server: frames with 8 usage tokens, the
-    server's RSS sampled and judged, time to first token and inter-token rows reported."""
+    server's RSS sampled and judged, time to first token and chunk-gap rows reported."""
     base_url, pid = served
     db = tmp_path / "serve.db"
     out = run_cli(
@@ -114,7 +114,7 @@ def test_a_soak_of_transformers_serve_judges_the_server_and_reports_ttft_and_itl
     assert md.returncode == 0, md.stderr
     rows = {line.split("|")[1].strip(): line for line in md.stdout.splitlines() if "|" in line}
     assert "time to first token" in rows
-    for label in ("inter-token p50 (per request)", "inter-token p95 (per request)"):
+    for label in ("chunk gap p50 (per request)", "chunk gap p95 (per request)"):
         if with_itl >= 2:
             assert label in rows, label
         elif with_itl == 0:

@@ -105,6 +105,7 @@ def test_json_report_v2_carries_summary_environment_and_config(numbers_db: Path)
         "generator",
         "chunk_stages",
         "served",
+        "served_run",
         "frame_age",
         "fps",
         "counts",

@@ -185,8 +185,10 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
         "generator": ("first_emit_ms",),
         "rollout": ("first_emit_ms",),
     }
-    frames = q.load_frame_columns(conn, run_id, extra.get(meta.shape, ()))
-    if meta.workload_kind == "openai":  # a served model's per-request inter-token intervals
+    served = meta.workload_kind == "openai"
+    cols = (*extra.get(meta.shape, ()), *(("out_tokens",) if served else ()))
+    frames = q.load_frame_columns(conn, run_id, cols)
+    if served:  # a served model's per-request chunk gaps
         frames.update(q.load_extra_keys(conn, run_id, ("itl_p50_ms", "itl_p95_ms", "itl_max_ms")))
     samples = q.load_sample_columns(conn, run_id)
     emissions = q.load_emission_columns(conn, run_id)
@@ -197,6 +199,7 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
     return RunData(
         meta, frames, samples, emissions, events, counts, errors, gpus, stages=stages,
         server=load_server_metrics(conn, run_id),  # a served model's server, else empty
+        error_kinds=q.load_error_kinds(conn, run_id) if served else {},
     )  # fmt: skip
 
 
@@ -208,4 +211,5 @@ def _bounded_run_data(conn: sqlite3.Connection, run_id: str, meta: RunMeta) -> R
         meta, empty.frames, empty.samples, empty.emissions, events, counts,
         q.load_error_messages(conn, run_id), load_gpu_columns(conn, run_id),
         source=StoreSource(conn, run_id), server=load_server_metrics(conn, run_id),
+        error_kinds=q.load_error_kinds(conn, run_id) if meta.workload_kind == "openai" else {},
     )  # fmt: skip

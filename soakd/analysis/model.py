@@ -167,6 +167,9 @@ class RunData:
     #: a served model's server metrics (``server_metrics``): name -> (t, value summed over
     #: its label sets), ordered by time; empty otherwise (soakd.analysis.server)
     server: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: a served model's (kind = "openai") frame errors counted by kind, the whole run
+    #: (soakd.store.rundata.load_error_kinds); empty otherwise
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_frames(self) -> int:

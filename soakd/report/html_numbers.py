@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from html import escape
 
-from soakd.report.markdown import episodes_words, interval_words, tail_words
+from soakd.report.markdown import episodes_words, interval_words, served_words, tail_words
 from soakd.report.summary import RunSummary
 
 
@@ -62,6 +62,13 @@ def _generator_html(s: RunSummary) -> str:
     return out
 
 
+def _served_html(s: RunSummary) -> str:
+    if not s.served_run:
+        return ""
+    words = escape(served_words(s.served_run))
+    return f'<p class="note" id="served"><b>Served:</b> {words}</p>'
+
+
 def numbers_html(s: RunSummary) -> str:
     """``<h2>Numbers</h2>`` and what follows it, as one HTML fragment."""
     c = s.counts
@@ -76,7 +83,7 @@ def numbers_html(s: RunSummary) -> str:
     return (
         '<h2 id="numbers">Numbers</h2><table id="stages"><tr><th>stage</th><th>n</th>'
         "<th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>max ms</th><th>first ms</th></tr>"
-        f"{_stage_rows(s)}</table>{_generator_html(s)}"
+        f"{_stage_rows(s)}</table>{_generator_html(s)}{_served_html(s)}"
         f'<p class="note" id="fps"><b>fps:</b> {fps}</p>'
         f'<p class="note" id="counts"><b>Counts</b> (the whole run, warm-up included; '
         f"the verdict counts after it): {counts}</p>"

@@ -64,6 +64,8 @@ def numbers_section(s: RunSummary) -> list[str]:
     c = s.counts
     lines += generator_lines(s)
     lines += questions_lines(s.questions)
+    if s.served_run:
+        lines += ["", f"**Served:** {md_cell(served_words(s.served_run))}"]
     lines += [
         "",
         f"**fps:** {_ms(ach)} achieved vs {_ms(tgt)} target (measured frames / measured s)",
@@ -83,6 +85,17 @@ def numbers_section(s: RunSummary) -> list[str]:
         "</details>",
     ]
     return lines
+
+
+def served_words(r: dict[str, Any]) -> str:
+    """``1234 output tokens, 56.7 tokens/s (measured window); errors by kind (the whole
+    run): timeout 3, http 503 2`` for a served model's ``served_run``."""
+    rate = r.get("output_tokens_per_s")
+    words = f"{r.get('output_tokens', 0)} output tokens"
+    words += f", {rate:.4g} tokens/s (measured window)" if rate is not None else ""
+    kinds = r.get("errors_by_kind") or {}
+    errors = ", ".join(f"{k} {n}" for k, n in kinds.items()) if kinds else "none"
+    return f"{words}; errors by kind (the whole run): {errors}"
 
 
 def generator_lines(s: RunSummary) -> list[str]:

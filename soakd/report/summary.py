@@ -80,10 +80,15 @@ class RunSummary:
     # rollout's "episodes"; empty otherwise
     generator: dict[str, Any] = field(default_factory=dict)
     chunk_stages: dict[str, Dist] = field(default_factory=dict)  # a rollout's named stages
-    # served models (kind = "openai"): "time to first token" (the infer stage), the requests'
-    # own inter-token intervals ("inter-token p50/p95/max (per request)": the distribution
-    # over requests of each request's p50, p95 and max) and "output tokens"; empty otherwise
+    # served models (kind = "openai"), per request: "time to first token" (the infer
+    # stage), "inter-token latency" (decode time / (tokens - 1), as AIPerf and guidellm
+    # define it) and the gaps between the stream's content chunks ("chunk gap p50/p95/max
+    # (per request)": over requests, each request's p50, p95 and max; a server that sends
+    # several tokens a chunk has gaps longer than its inter-token latency); empty otherwise
     served: dict[str, Dist] = field(default_factory=dict)
+    # served models: "output_tokens" and "output_tokens_per_s" over the measured window, and
+    # "errors_by_kind" (the whole run: "timeout", "http 503", ...); empty otherwise
+    served_run: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON report's ``summary`` object (environment and config stand apart)."""
@@ -97,6 +102,7 @@ class RunSummary:
             },
             "chunk_stages": {k: d.as_dict() for k, d in self.chunk_stages.items()},
             "served": {k: d.as_dict() for k, d in self.served.items()},
+            "served_run": dict(self.served_run),
             "frame_age": self.frame_age.as_dict(),
             "fps": dict(self.fps),
             "counts": dict(self.counts),
@@ -177,21 +183,40 @@ def _session(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
     return {k: d for k, d in out.items() if d.n}
 
 
-#: the served-model rows of the numbers table: label -> frame column (ms; tokens a count)
+#: the served-model rows of the numbers table: label -> frame column (ms)
 SERVED_ROWS: tuple[tuple[str, str], ...] = (
     ("time to first token", "infer_ms"),
-    ("inter-token p50 (per request)", "itl_p50_ms"),
-    ("inter-token p95 (per request)", "itl_p95_ms"),
-    ("inter-token max (per request)", "itl_max_ms"),
+    ("chunk gap p50 (per request)", "itl_p50_ms"),
+    ("chunk gap p95 (per request)", "itl_p95_ms"),
+    ("chunk gap max (per request)", "itl_max_ms"),
 )
+#: the row of each request's inter-token latency: decode time / (output tokens - 1)
+ITL_ROW = "inter-token latency (decode / (tokens - 1))"
 
 
 def _served(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
-    """A served model's time to first token and its requests' inter-token intervals."""
+    """A served model's time to first token, inter-token latency and chunk gaps."""
     if data.meta.workload_kind != "openai":
         return {}
-    out = {label: Dist.of(data.frame(col)[measured]) for label, col in SERVED_ROWS}
+    tokens = data.frame("out_tokens")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        itl = np.where(tokens > 1, data.frame("decode_ms") / (tokens - 1), np.nan)
+    (ttft_label, ttft), *gaps = SERVED_ROWS
+    out = {ttft_label: Dist.of(data.frame(ttft)[measured]), ITL_ROW: Dist.of(itl[measured])}
+    out |= {label: Dist.of(data.frame(col)[measured]) for label, col in gaps}
     return {k: d for k, d in out.items() if d.n}
+
+
+def _served_run(data: RunData, measured: np.ndarray, span_s: float | None) -> dict[str, Any]:
+    """A served model's output tokens and tokens per second over the measured window, and
+    its errors by kind over the whole run."""
+    if data.meta.workload_kind != "openai":
+        return {}
+    tokens = data.frame("out_tokens")[measured]
+    total = int(np.nansum(tokens)) if tokens.size else 0
+    rate = total / span_s if span_s else None
+    return {"output_tokens": total, "output_tokens_per_s": rate,
+            "errors_by_kind": dict(data.error_kinds)}  # fmt: skip
 
 
 def _generator(data: RunData, verdict: Verdict) -> dict[str, Any]:
@@ -237,4 +262,5 @@ def summarize(data: RunData, verdict: Verdict) -> RunSummary:
         generator=_generator(data, verdict),
         chunk_stages={name: Dist.of(col[measured]) for name, col in data.stages.items()},
         served=_served(data, measured),
+        served_run=_served_run(data, measured, _fps(data, verdict, n)["measured_s"]),
     )

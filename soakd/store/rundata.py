@@ -260,6 +260,34 @@ def load_error_messages(
     return [(str(r[0]), int(r[1])) for r in rows]
 
 
+#: an error's kind: the word (and HTTP status) its message starts with ("timeout", "http
+#: 503": a served request's failure), else its exception type, else "other"
+_ERROR_KIND = re.compile(r"[a-z][a-z_-]{0,23}(?: \d{3})?")
+_ERROR_TYPE = re.compile(r"[A-Za-z_][\w.]{0,79}")
+
+
+def load_error_kinds(conn: sqlite3.Connection, run_id: str) -> dict[str, int]:
+    """The run's frame errors (stored ``TypeName: message``) counted by kind: the message's
+    own head when it is a kind word (``RequestFailed: http 503: ...`` is ``http 503``),
+    else the exception type (``ValueError``); most frequent first."""
+    rows = conn.execute(
+        "SELECT h1, CASE WHEN instr(r, ':') > 0 THEN trim(substr(r, 1, instr(r, ':') - 1))"
+        " ELSE '' END, count(*) FROM (SELECT CASE WHEN instr(error, ':') > 0 THEN"
+        " substr(error, 1, instr(error, ':') - 1) ELSE error END AS h1, CASE WHEN"
+        " instr(error, ':') > 0 THEN substr(error, instr(error, ':') + 1) ELSE '' END AS r"
+        " FROM frames WHERE run_id = ? AND error IS NOT NULL) GROUP BY 1, 2",
+        (run_id,),
+    ).fetchall()
+    out: dict[str, int] = {}
+    for head, word, n in rows:
+        if _ERROR_KIND.fullmatch(str(word)):
+            kind = str(word)
+        else:
+            kind = str(head) if _ERROR_TYPE.fullmatch(str(head)) else "other"
+        out[kind] = out.get(kind, 0) + int(n)
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def load_history(
     conn: sqlite3.Connection,
     *,
