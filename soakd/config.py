@@ -940,6 +940,12 @@ class CriteriaSettings(_Section):
     # this many a minute, its KV-cache use (0-1) not faster than this share a minute
     max_server_queue_slope_per_min: float = Field(1.0, ge=0)
     max_kv_cache_slope_per_min: float = Field(0.01, ge=0, le=1)
+    # realtime sessions with audio out (audio_playback): the answered turns' real-time
+    # factor (audio seconds received per wall second) may not fall under this at their p5,
+    # and they may have at most this many underruns in all (a chunk that came after the
+    # audio buffered before it had played out: a stutter a listener hears)
+    min_audio_rtf: float = Field(1.0, ge=0)
+    max_audio_underruns: int = Field(0, ge=0)
     alpha: float = Field(0.01, gt=0, lt=0.5)  # significance level of the trend tests
     # k6-style "STAT(COLUMN) OP NUMBER" checks, each its own criterion (docs/verdict.md)
     thresholds: tuple[Annotated[ThresholdSettings, BeforeValidator(_threshold_item)], ...] = ()

@@ -27,7 +27,9 @@ Planted faults, per connection as query parameters of the URL:
 ``slow_ms=X`` (turn n waits n*X ms before its first token: it slows down), ``drop_after=N``
 (the socket is cut mid-answer from turn N on), ``malformed_after=N`` (a non-JSON event
 mid-answer from turn N on), ``expire_s=S`` (the session ends after S s with an
-``error {code: session_expired}`` and a close), ``max_tokens=N`` (tokens per answer, 6).
+``error {code: session_expired}`` and a close), ``max_tokens=N`` (tokens per answer, 6),
+``audio_gap_ms=X`` (each answer's audio chunks, 40 ms each, X ms apart: over 40, a voice
+that streams slower than it plays).
 ``--api-key KEY`` refuses handshakes without ``Authorization: Bearer KEY`` (HTTP 401).
 
 Run: ``python tests/realtime_test_server.py --port 0``; prints ``READY <port>`` once it listens.
@@ -131,7 +133,8 @@ class Session:
         self.turns = 0
         self.audio_out = False
         self.t0 = time.monotonic()
-        faults = ("leak_kb", "slow_ms", "drop_after", "malformed_after", "expire_s", "max_tokens")
+        faults = ("leak_kb", "slow_ms", "drop_after", "malformed_after", "expire_s", "max_tokens",
+                  "audio_gap_ms")  # fmt: skip
         q = {k: float(v) for k, v in query.items() if v and k in faults}
         self.leak_kb = int(q.get("leak_kb", 0))
         self.slow_ms = q.get("slow_ms", 0.0)
@@ -139,6 +142,7 @@ class Session:
         self.malformed_after = int(q.get("malformed_after", 0))
         self.expire_s = q.get("expire_s", 0.0)
         self.max_tokens = int(q.get("max_tokens", 6))
+        self.audio_gap_ms = q.get("audio_gap_ms", 0.0)
 
     async def send(self, ev: dict[str, Any]) -> None:
         ev.setdefault("event_id", "event_" + uuid.uuid4().hex[:12])
@@ -186,6 +190,8 @@ class Session:
             text.append(delta)
             await self.send(self._delta(rid, iid, delta))
             if self.audio_out:
+                if self.audio_gap_ms and k > 1:  # each 40 ms chunk X ms after the one before
+                    await asyncio.sleep(self.audio_gap_ms / 1000)
                 await self.send(self._audio(rid, iid, _tone(AUDIO_PER_TOKEN_S)))
         tokens = await task
         await self._done(rid, iid, "".join(text), tokens)

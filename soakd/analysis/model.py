@@ -170,6 +170,9 @@ class RunData:
     #: a served model's (kind = "openai") frame errors counted by kind, the whole run
     #: (soakd.store.rundata.load_error_kinds); empty otherwise
     error_kinds: dict[str, int] = field(default_factory=dict)
+    #: a realtime session's answered turns (soakd.store.rundata.load_turn_columns):
+    #: ``t_capture``, ``warmup``, ``audio_s``, ``audio_rtf``, ``underruns``; empty otherwise
+    turns: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_frames(self) -> int:

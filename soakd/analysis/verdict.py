@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from soakd.analysis.criteria import (
+    audio,
     drops,
     errors,
     frame_age,
@@ -89,6 +90,7 @@ CRITERIA: tuple[ModuleType, ...] = (
     errors,
     server_queue,
     intervals,
+    audio,
     thresholds,
 )
 
