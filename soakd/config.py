@@ -214,7 +214,7 @@ class _Section(BaseModel):
 #: the most paced sources one run may drive (``run.streams``)
 MAX_STREAMS = 256
 #: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
-SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game", "realtime")
+SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game")
 #: the workload kinds that drive a model behind a network endpoint: its server's process and
 #: metrics are sampled and judged too (telemetry/server.py, analysis/server.py)
 SERVED_KINDS: tuple[str, ...] = ("openai", "realtime")
@@ -1083,7 +1083,7 @@ class Settings(_Section):
         if n > 1 and kind in SINGLE_STREAM_KINDS:
             raise ValueError(
                 f"run.streams: {n} streams need a staged workload (synthetic, tiny-vlm, hf, "
-                f"av); workload.kind = {kind!r} takes one stream"
+                f"av, openai) or realtime sessions; workload.kind = {kind!r} takes one stream"
             )
         return self
 

@@ -229,15 +229,22 @@ def test_a_leaking_server_fails_its_own_memory_criterion_while_soakd_s_passes(db
     assert got["memory_rss"] == "pass"
     assert any("Server RSS" in h for h in result.verdict.hints)
     # server_rss_bytes is the fixture's own RSS (psutil), not soakd's
-    server_rss, own_rss = rows(
+    (server_rss,) = rows(
         db_path,
-        "SELECT server_rss_bytes, rss_bytes FROM samples WHERE run_id = ? ORDER BY seq DESC "
-        "LIMIT 1",
+        "SELECT server_rss_bytes FROM samples WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
         result.run_id,
     )[0]
     real = psutil.Process(srv.pid).memory_info().rss
     assert abs(server_rss - real) < 0.1 * real
-    assert abs(server_rss - own_rss) > 30 << 20  # ~60 MB leaked by the server, not by soakd
+    # ~60 MB leaked by the server, not by soakd (their levels may match by chance: the
+    # fixture server and soakd are both ~100 MB Python processes; their growth may not)
+    server_growth, own_growth = rows(
+        db_path,
+        "SELECT max(server_rss_bytes) - min(server_rss_bytes), max(rss_bytes) - min(rss_bytes)"
+        " FROM samples WHERE run_id = ?",
+        result.run_id,
+    )[0]
+    assert server_growth > 30 << 20 and server_growth > 3 * own_growth, (server_growth, own_growth)
 
 
 def test_a_server_queue_that_keeps_rising_fails_server_queue(db_path, server):

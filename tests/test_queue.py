@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
 from soakd.records import Frame
-from soakd.run.queue import FrameQueue
+from soakd.run.queue import FrameQueue, StreamQueues
 
 IMG = np.zeros((2, 2, 3), np.uint8)
 
@@ -76,3 +77,23 @@ def test_dropped_frames_hand_their_audio_on() -> None:
     got = q2.get(0)
     assert got is not None and got[0].audio is not None
     assert got[0].audio.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_one_stream_of_a_concurrent_driver_wakes_its_reader_on_put_not_on_a_timeout() -> None:
+    """StreamQueues of one stream read by one consumer (a served model's run, streams = 1): a
+    frame put wakes the consumer waiting on every queue at once, never its timeout (which
+    added up to 100 ms to every served frame's age)."""
+    qs = StreamQueues(1, one_consumer_each=True)
+    out: list[float] = []
+
+    def read() -> None:
+        t0 = time.monotonic()
+        got = qs.get(30)
+        out.append(time.monotonic() - t0 if got is not None else -1.0)
+
+    t = threading.Thread(target=read)
+    t.start()
+    time.sleep(0.1)
+    qs.queues[0].put(f(1))
+    t.join(30)
+    assert out and 0 <= out[0] < 15, out  # woken by the put, not by the 30 s timeout

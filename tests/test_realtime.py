@@ -402,6 +402,26 @@ def test_a_server_that_keeps_every_frame_fails_its_own_memory_while_soakd_s_pass
     assert server_growth > 5 << 20 and server_growth > 3 * own_growth, grown
 
 
+def test_n_streams_are_n_concurrent_sessions_each_asked_and_summed_in_one_summary(db_path, server):
+    """run.streams = 2: two sessions at once, each stream's frames sent and its questions
+    answered on its own socket; the summary counts both sessions' frames and turns."""
+    result = soak(db_path, url(server), "openai-realtime", "run.streams=2")
+    assert result.status == "completed", result.reason
+    streams = rows(
+        db_path,
+        "SELECT DISTINCT stream FROM frames WHERE run_id = ? AND error IS"
+        " NULL AND json_extract(extra, '$.turn') IS NOT NULL",
+        result.run_id,
+    )
+    assert {s for (s,) in streams} == {0, 1}
+    (summary,) = rows(db_path, "SELECT summary FROM runs WHERE id = ?", result.run_id)[0]
+    rt = json.loads(summary)["realtime"]
+    sent = rows(db_path, "SELECT count(*) FROM frames WHERE run_id = ? AND error IS NULL",
+                result.run_id)[0][0]  # fmt: skip
+    assert rt["sessions"] == 2 and rt["frames_sent"] == sent, rt
+    assert rt["turns"] == len(events(db_path, result.run_id, "turn")) + rt["turns_failed"]
+
+
 def test_audio_out_is_timed_as_a_listener_hears_it_and_audio_in_goes_in_chunks(db_path, server):
     """Audio out (40 ms of PCM16 a token): each turn has its audio seconds, real-time factor
     and underruns; the [audio] source goes out in audio_chunk_ms chunks, none dropped."""

@@ -116,8 +116,9 @@ class StreamQueues:
     ) -> None:
         self._cond = threading.Condition(threading.Lock())
         # one_consumer_each: each stream is read by its own consumer (``stream(i)``, the
-        # concurrent driver), so each queue wakes only its own reader
-        shared = None if one_consumer_each else self._cond
+        # concurrent driver), so each queue wakes only its own reader; one stream is read by
+        # ``get`` (the driver's one loop), which must be woken by its queue's put
+        shared = None if one_consumer_each and n > 1 else self._cond
         self.queues = [FrameQueue(maxlen, consume, shared) for _ in range(n)]
         self._next = 0  # the stream served first on the next get
         self._closed = False

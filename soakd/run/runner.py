@@ -335,7 +335,7 @@ class Run:
                 f"workload {s.workload.kind!r}: object has no valid 'shape' "
                 "(expected 'staged', 'session', 'generator' or 'rollout')"
             )
-        if self.n_streams > 1 and wl.shape != "staged":
+        if self.n_streams > 1 and wl.shape != "staged" and not getattr(wl, "concurrent", False):
             with contextlib.suppress(Exception):
                 wl.close()
             raise UsageError(
@@ -518,9 +518,10 @@ class Run:
             ),  # a StreamCounters (read-only sums) for the concurrent driver
             request_abort=lambda reason: self.request_stop(reason),
         )
-        drive = get_driver(
-            "concurrent" if concurrent else getattr(workload, "driver", workload.shape)
-        )
+        # a workload's own driver (realtime) runs its streams itself; a staged one that
+        # answers several at once gets the concurrent driver
+        own = getattr(workload, "driver", None)
+        drive = get_driver(own or ("concurrent" if concurrent else workload.shape))
         driver = _DriverThread(drive, ctx, self._driver_crashed, on_return=self.request_stop)
         parts: list[Component] = [sampler, driver]
         if pacers and queue is not None:

@@ -23,15 +23,18 @@ The session's life is events: ``reconnect`` (with the gap and the handshake's co
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from soakd.records import Frame, FrameRecord
-from soakd.run.drivers.context import DriverContext
+from soakd.run.drivers.context import DriverContext, StreamCounters
+from soakd.run.queue import StreamQueues
 
 #: rows held at most while their frame's turn is open (older ones are written as they are)
 MAX_HELD = 64
@@ -193,42 +196,93 @@ class _Driver:
             ctx.event(ctx.make_event(kind, msg, data=data))
         ctx.counters.in_flight_since_ns = None
 
-    def summarise(self) -> None:
-        wl, s = self.wl, self.ctx.summary
-        ok = [t for t in self.turns if "error" not in t and t.get("ttfd_ms") is not None]
-        out: dict[str, Any] = {
-            "protocol": wl.s.protocol,
-            "frames_sent": self.sent,
-            "frames_dropped_backpressure": wl.dropped,
-            "audio_chunks_sent": wl.audio_sent,
-            "audio_chunks_dropped": wl.audio_dropped,
-            "turns": len(self.turns),
-            "turns_failed": len(self.turns) - len(ok),
-            "errors_by_code": dict(wl.errors_by_code),
-            **wl.counts,
-        }
-        for key in ("ttfd_ms", "per_token_ms", "delta_p95_ms", "audio_rtf"):
-            v = np.asarray([t[key] for t in ok if t.get(key) is not None], dtype=float)
-            if v.size:
-                out[key] = {
-                    "p50": round(float(np.percentile(v, 50)), 3),
-                    "p95": round(float(np.percentile(v, 95)), 3),
-                    "max": round(float(v.max()), 3),
-                }
-        out["underruns"] = sum(int(t.get("underruns") or 0) for t in ok)
-        s["realtime"] = out
+
+def summarise(drivers: list[_Driver]) -> dict[str, Any]:
+    """The run summary's ``realtime`` entry over every session (one per stream): counts
+    summed, turn numbers over all their turns."""
+    turns = [t for d in drivers for t in d.turns]
+    ok = [t for t in turns if "error" not in t and t.get("ttfd_ms") is not None]
+    codes: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for d in drivers:
+        for k, n in d.wl.errors_by_code.items():
+            codes[k] = codes.get(k, 0) + n
+        for k, n in d.wl.counts.items():
+            counts[k] = counts.get(k, 0) + n
+    out: dict[str, Any] = {
+        "protocol": drivers[0].wl.s.protocol,
+        "sessions": len(drivers),
+        "frames_sent": sum(d.sent for d in drivers),
+        "frames_dropped_backpressure": sum(d.wl.dropped for d in drivers),
+        "audio_chunks_sent": sum(d.wl.audio_sent for d in drivers),
+        "audio_chunks_dropped": sum(d.wl.audio_dropped for d in drivers),
+        "turns": len(turns),
+        "turns_failed": len(turns) - len(ok),
+        "errors_by_code": codes,
+        **counts,
+    }
+    for key in ("ttfd_ms", "per_token_ms", "delta_p95_ms", "audio_rtf"):
+        v = np.asarray([t[key] for t in ok if t.get(key) is not None], dtype=float)
+        if v.size:
+            out[key] = {
+                "p50": round(float(np.percentile(v, 50)), 3),
+                "p95": round(float(np.percentile(v, 95)), 3),
+                "max": round(float(v.max()), 3),
+            }
+    out["underruns"] = sum(int(t.get("underruns") or 0) for t in ok)
+    return out
 
 
 def drive(ctx: DriverContext[Any]) -> None:
+    """One session per stream: the workload's own for stream 0 and, with ``run.streams`` =
+    N, N - 1 more (``RealtimeSession.another``), each driven by its own thread on its
+    stream's queue, as concurrent sessions of N cameras; one summary over them all."""
+    queue, counters = ctx.queue, ctx.counters
+    if not isinstance(queue, StreamQueues) or not isinstance(counters, StreamCounters):
+        ctx.summary["realtime"] = summarise([_session(ctx)])
+        return
+    drivers: list[_Driver | None] = [None] * len(counters.parts)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        sub = replace(ctx, queue=queue.stream(i), counters=counters.parts[i])
+        own: Any = None  # stream i's own session (stream 0's is the run's workload)
+        try:
+            if i:
+                own = ctx.workload.another()
+                sub = replace(sub, workload=own)
+            drivers[i] = _session(sub)
+        except BaseException as exc:  # a session that cannot open, or a bug: the run ends
+            errors.append(exc)
+            ctx.request_abort(f"stream {i}: {type(exc).__name__}: {exc}"[:2000])
+            ctx.stop.set()
+        finally:
+            if own is not None:
+                with contextlib.suppress(Exception):
+                    own.close()
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"soakd-driver-{i}", daemon=True)
+               for i in range(len(drivers))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = [d for d in drivers if d is not None]
+    if done:
+        ctx.summary["realtime"] = summarise(done)
+
+
+def _session(ctx: DriverContext[Any]) -> _Driver:
+    """One session's loop: start it, push paced frames, ask, drain; its driver at the end."""
     wl: Any = ctx.workload
+    d = _Driver(ctx)
     try:
         wl.start()
     except Exception as exc:
         msg = f"session failed to start: {type(exc).__name__}: {exc}"
         ctx.event(ctx.make_event("error", msg))
         ctx.request_abort(msg)
-        return
-    d = _Driver(ctx)
+        return d
     try:
         while not ctx.stop.is_set():
             budget = ctx.max_frames is None or ctx.counters.dispatched < ctx.max_frames
@@ -249,7 +303,7 @@ def drive(ctx: DriverContext[Any]) -> None:
         for h in list(d.held.values()):
             d._finish(h.rec)
         d.held.clear()
-        d.summarise()
+    return d
 
 
 def _wait_for_open_turn(ctx: DriverContext[Any], d: _Driver) -> None:

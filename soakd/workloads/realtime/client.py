@@ -200,6 +200,7 @@ class RealtimeSession:
 
     shape: Literal["session"] = "session"
     driver = "realtime"  # soakd/run/drivers/realtime.py
+    concurrent = True  # run.streams = N: N sessions at once, one per stream (``another``)
 
     def __init__(self, settings: RealtimeWorkloadSettings, ctx: WorkloadContext) -> None:
         self.s, self.ctx = settings, ctx
@@ -369,6 +370,13 @@ class RealtimeSession:
             self._life.put(("reconnect", f"new session after it {why}: {gap:.0f} ms", data))
             self._up.set()
             return
+
+    def another(self) -> RealtimeSession:
+        """A second session to the same server with the same settings, opened (``setup``):
+        the driver's for each stream past the first."""
+        other = RealtimeSession(self.s, self.ctx)
+        other.setup()
+        return other
 
     # --- the driver's side
     def start(self) -> None:
