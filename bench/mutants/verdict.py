@@ -13,6 +13,7 @@ OUTCOMES = "tests/test_run_outcomes.py"
 DIAG = "tests/test_diagnosis.py"
 PINS = "tests/test_verdict_pins.py"
 ALPHA = "tests/test_trend_alpha.py"
+AUDIO = "tests/test_audio_playback.py"
 
 
 V = "soakd/analysis/verdict.py"
@@ -296,6 +297,25 @@ MUTANTS = (
            'fields["frame_age_ms"] = (t_taken - frame.t_sched_ns) / 1e6', (EXITS,)),
     Mutant("staged frame age from the deadline", SINK, "ms[6], ms[7], c[10]",
            "ms[7], ms[7], c[10]", (SINK_TESTS,)),
+    Mutant("one stream's reader woken only by its timeout", "soakd/run/queue.py",
+           "shared = None if one_consumer_each and n > 1 else self._cond",
+           "shared = None if one_consumer_each else self._cond", ("tests/test_queue.py",)),
+    # issue 34: audio_playback (tests/test_audio_playback.py)
+    Mutant("audio turns during the warm-up judged (#34)", CR + "audio.py",
+           'post = (t["warmup"] == 0) & (t["t_capture"] >= ctx.t0)', 'post = t["warmup"] >= 0',
+           (AUDIO + "::test_turns_during_the_warm_up_are_not_judged",)),
+    Mutant("audio real-time factor judged at its median (#34)", CR + "audio.py",
+           "np.percentile(finite, 5)) if finite.size", "np.percentile(finite, 50)) if finite.size",
+           (AUDIO + "::test_a_p5_real_time_factor_under_the_minimum_fails",)),
+    Mutant("underruns never fail (#34)", CR + "audio.py",
+           "status = FAIL if slow or stutters else PASS", "status = FAIL if slow else PASS",
+           (AUDIO + "::test_underruns_past_the_allowance_fail_and_at_it_pass",)),
+    Mutant("underruns at the allowance fail (#34)", CR + "audio.py",
+           "total > c.max_audio_underruns", "total >= c.max_audio_underruns",
+           (AUDIO + "::test_underruns_past_the_allowance_fail_and_at_it_pass",)),
+    Mutant("two audio turns judged (#34)", CR + "audio.py", "if n < MIN_TURNS:", "if n < 2:",
+           (AUDIO + "::test_fewer_than_three_audio_turns_after_the_warm_up_are_invalid"
+            "_never_pass",)),
     *PINNED,
     *EARLY,
 )  # fmt: skip
