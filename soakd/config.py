@@ -1,5 +1,10 @@
 """Validated, immutable settings.
 
+The run-level sections (``[run]``, ``[source]``, ``[audio]``, ``[criteria]``,
+``[telemetry]``, ``[service]``) live here; ``[workload]`` is composed of the kinds' own
+settings, each beside its code (``soakd/workloads/<kind>_settings.py``); what both share
+(the section base, durations, devices) is ``soakd/sections.py``.
+
 One place merges the layers: embedded defaults < TOML file < ``--set`` overrides < flags.
 Everything is checked before anything starts: unknown keys, wrong types, out-of-range
 values and non-finite floats (NaN, infinity) raise ``ConfigError`` with a one-line message
@@ -11,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -29,16 +33,32 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
 
-from soakd.records import SAMPLE_METRICS, STAGE_COLUMNS, STAGE_NAME
+from soakd.records import SAMPLE_METRICS, STAGE_COLUMNS
+from soakd.sections import (
+    MAX_DURATION_S,
+    MAX_STREAMS,
+    Duration,
+    _check_base_url,
+    _Section,
+    parse_duration,
+)
+from soakd.sections import MAX_NUMBER as MAX_NUMBER  # re-exported: `soakd runs --limit`'s bound
+from soakd.workloads.av_settings import AvWorkloadSettings
+from soakd.workloads.generator_settings import GeneratorWorkloadSettings
+from soakd.workloads.hf_settings import HfWorkload, TinyVlmWorkload
+from soakd.workloads.matrix_game_settings import MatrixGameWorkloadSettings
+from soakd.workloads.openai_settings import OpenAIWorkloadSettings
+from soakd.workloads.plugin_settings import PluginWorkload, PythonWorkload
+from soakd.workloads.realtime.settings import RealtimeWorkloadSettings
+from soakd.workloads.session_settings import SessionWorkloadSettings
+from soakd.workloads.synthetic_settings import SyntheticWorkload
 
 
 @cache
@@ -51,86 +71,9 @@ class ConfigError(ValueError):
     """A configuration problem; ``str(err)`` is one line naming the key path."""
 
 
-_DURATION_RE = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m(?!s))?\s*"
-    r"(?:(\d+(?:\.\d+)?)\s*s)?\s*(?:(\d+(?:\.\d+)?)\s*ms)?\s*$"
-)
-
-
-#: the longest a run, or any time setting, may be: a year. Longer is a typo, and a time far
-#: past it overflows the clocks and timers it is handed to (OverflowError mid-run)
-MAX_DURATION_S = 365 * 86_400
-#: the largest size of any other number setting (counts, sizes, rates, seeds): 2**53, the
-#: largest integer a float (and a JSON reader) holds exactly
-MAX_NUMBER = 2**53
-#: a number setting's unit, read from the end of its name (before any ``_per_``): its bound
-#: is a year in that unit
-_TIME_UNITS: dict[str, float] = {"ms": 1000.0, "s": 1.0, "seconds": 1.0}
-
-
-def _finite(seconds: float, value: Any) -> float:
-    if not math.isfinite(seconds):
-        raise ValueError(f"must be a finite number, got {value!r}")
-    if seconds > MAX_DURATION_S:
-        raise ValueError(f"must be at most {MAX_DURATION_S} s (a year), got {value!r}")
-    return seconds
-
-
-def _bounded(name: str, v: Any) -> Any:
-    """``v`` (a number or a tuple of them, of the setting ``name``) within its bound: a
-    year for a time (``*_ms``, ``*_s``), MAX_NUMBER for any other number (a criterion's
-    hours, ``min_headroom_hours``, may ask for more than a year of headroom)."""
-    unit = name.split("_per_")[0].rsplit("_", 1)[-1]
-    per_s = _TIME_UNITS.get(unit) if "_" in name else None
-    limit = MAX_DURATION_S * per_s if per_s else MAX_NUMBER
-    what = f"{limit:.0f} {unit} (a year)" if per_s else f"{limit} (2**53)"
-    for x in v if isinstance(v, tuple) else (v,):
-        if isinstance(x, int | float) and not isinstance(x, bool) and abs(x) > limit:
-            side = "at most " if x > 0 else "at least -"
-            raise ValueError(f"must be {side}{what}, got {x!r}")
-    return v
-
-
-def parse_duration(value: Any) -> float:
-    """``"10m"``, ``"1h30m"``, ``"45s"``, ``"250ms"``, ``90`` or ``"90"`` -> seconds.
-    NaN and infinity (``"inf"``, ``1e400``) are refused with ``ValueError``."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as '10m' or 600, got {value!r}")
-    if isinstance(value, int | float):
-        return _finite(float(value), value)
-    bad = ValueError(f"expected a duration such as '10m', '90s' or 600, got {value!r}")
-    if not isinstance(value, str):
-        raise bad
-    s = value.strip()
-    try:
-        seconds = float(s)
-    except ValueError:
-        m = _DURATION_RE.match(s)
-        if not (m and any(m.groups())):
-            raise bad from None
-        h, mi, sec, ms = (float(g) if g else 0.0 for g in m.groups())
-        seconds = h * 3600 + mi * 60 + sec + ms / 1000
-    return _finite(seconds, value)
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
 def _is_auto(value: Any) -> bool:
     """``run.duration = "auto"`` (any case, spaces around)."""
     return isinstance(value, str) and value.strip().lower() == "auto"
-
-
-def _check_device(v: str) -> str:
-    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", v):
-        raise ValueError(f"must be cpu, cuda or cuda:N, got {v!r}")
-    return v
-
-
-def _check_factory(v: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
-        raise ValueError(f"must look like 'package.module:function', got {v!r}")
-    return v
 
 
 # Label names that soakd's own Prometheus series already carry: a run label may not shadow one
@@ -191,33 +134,6 @@ def _check_name(v: str | None) -> str | None:
 
 
 RunName = Annotated[str | None, AfterValidator(_check_name)]
-Device = Annotated[str, AfterValidator(_check_device)]  # cpu | cuda | cuda:N | mps
-FactoryRef = Annotated[str, AfterValidator(_check_factory)]  # "package.module:function"
-# how a staged workload on a torch device is timed: "sync" ends each stage after
-# workload.sync() (torch.cuda.synchronize); "events" records CUDA events at stage boundaries
-# (run/drivers/timing.py); on a CPU device both read the host clock
-StageTiming = Literal["sync", "events"]
-
-
-class _Section(BaseModel):
-    # allow_inf_nan=False: every float of every section refuses NaN and +-infinity (also
-    # given as strings or TOML nan/inf literals): "must be a finite number, got nan"
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*")
-    @classmethod
-    def _within_bounds(cls, v: Any, info: ValidationInfo) -> Any:
-        """Every number setting of every section is bounded (``_bounded``)."""
-        return _bounded(info.field_name or "", v)
-
-
-#: the most paced sources one run may drive (``run.streams``)
-MAX_STREAMS = 256
-#: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
-SINGLE_STREAM_KINDS: tuple[str, ...] = ("session", "generator", "matrix_game")
-#: the workload kinds that drive a model behind a network endpoint: its server's process and
-#: metrics are sampled and judged too (telemetry/server.py, analysis/server.py)
-SERVED_KINDS: tuple[str, ...] = ("openai", "realtime")
 
 
 class RunSettings(_Section):
@@ -322,431 +238,9 @@ class AudioSettings(_Section):
         return self
 
 
-class GenerationSettings(_Section):
-    """Generation settings shared by the transformers-based workloads; each changes timing,
-    each is stored with the run."""
-
-    prompt: str = "Describe what is happening in this frame."
-    max_new_tokens: int = Field(16, ge=1, le=65536)
-    min_new_tokens: int | None = Field(None, ge=0)
-    num_beams: int = Field(1, ge=1, le=64)
-    do_sample: bool = False
-    use_cache: bool = True
-
-
-class SyntheticWorkload(_Section):
-    """A torch-free workload with planted behaviour: verdicts are tested against it."""
-
-    kind: Literal["synthetic"] = "synthetic"
-    pre_ms: float = Field(2.0, ge=0)
-    infer_ms: float = Field(20.0, ge=0)
-    decode_ms: float = Field(2.0, ge=0)
-    jitter: float = Field(0.05, ge=0, le=5)
-    cpu_bound: bool = False  # stage times spun as this thread's CPU time instead of slept
-    spike_every: int = Field(0, ge=0)
-    spike_ms: float = Field(0.0, ge=0)
-    drift_ms_per_min: float = 0.0
-    leak_mb_per_min: float = Field(0.0, ge=0)
-    leak_after_s: float = Field(0.0, ge=0)  # the leak starts once the workload is this old
-    # bounded growth: plateau_mb allocated evenly over the first plateau_s, then nothing
-    plateau_mb: float = Field(0.0, ge=0)
-    plateau_s: float = Field(20.0, gt=0)
-    sawtooth_mb: float = Field(0.0, ge=0)
-    sawtooth_period_s: float = Field(10.0, gt=0)
-    error_every: int = Field(0, ge=0)
-    error_stream: int | None = Field(None, ge=0)  # every frame of this stream raises in infer
-    stall_after_s: float = Field(0.0, ge=0)
-    seed: int = 0
-
-
-class TinyVlmWorkload(GenerationSettings):
-    """The embedded default: a tiny random-weight VLM built offline from a config."""
-
-    kind: Literal["tiny-vlm"] = "tiny-vlm"
-    # llava runs without torchvision; qwen2-vl's processor needs torchvision in transformers 5
-    arch: Literal["llava", "qwen2-vl"] = "llava"
-    seed: int = 0  # weights seed of the tiny model (same seed -> same weights)
-    short_side: int = Field(56, ge=14, le=4096)  # input short side fed to the processor
-    max_new_tokens: int = Field(8, ge=1, le=4096)
-    device: Device = "cpu"
-    timing: StageTiming = "sync"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "float32"
-    cache_dir: str | None = None  # default: $CACHE_DIRECTORY or ~/.cache/soakd
-    torch_threads: int | None = Field(1, ge=1, le=1024)  # 1: no OpenMP contention on a CPU box
-
-
-class HfWorkload(GenerationSettings):
-    """Any local transformers image-text-to-text checkpoint."""
-
-    kind: Literal["hf"] = "hf"
-    model_path: str
-    device: Device = "cpu"  # cpu | cuda | cuda:N
-    timing: StageTiming = "sync"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    attn_implementation: str | None = None  # eager | sdpa | flash_attention_2
-    trust_remote_code: bool = False
-    short_side: int | None = Field(None, ge=14, le=8192)
-    torch_threads: int | None = Field(None, ge=1, le=1024)  # None: torch's default
-
-
-class SessionQuestion(_Section):
-    """One question of ``workload.questions``: pushed ``at_s`` seconds after the run starts;
-    its answer latency is the time to the first text chunk after the push."""
-
-    at_s: Duration = Field(ge=0)
-    text: str = Field(min_length=1)
-
-
-#: the authors' runner's default prompt (MOSS-VL-Realtime, run_online_inference.py)
-MOSS_RUNNER_PROMPT = (
-    "As the video streams frame by frame, respond to this question whenever the visual "
-    "evidence lets you answer or updates a previous answer; otherwise stay silent.\n\n"
-    "Question: What happens in the video?"
-)
-
-
-class SessionWorkloadSettings(GenerationSettings):
-    """A model with MOSS-VL-Realtime's ``create_realtime_session`` interface."""
-
-    kind: Literal["session"] = "session"
-    model_path: str | None = None  # None: the built-in tiny session model (offline tests)
-    device: Device = "cpu"
-    # as the authors' runner (inference/realtime/run_online_inference.py) ships them: dtype
-    # bfloat16, attention "auto" (flash_attention_2 on CUDA, else eager; None: transformers'
-    # own choice), their prompt, a frame queue of 256 (the tiny model uses neither dtype nor
-    # attention)
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "bfloat16"
-    attn_implementation: str | None = "auto"
-    trust_remote_code: bool = False
-    initial_prompt: str = MOSS_RUNNER_PROMPT
-    frame_queue_size: int = Field(256, ge=1)
-    max_tokens_per_turn: int = Field(12, ge=1)
-    max_new_tokens: int = Field(64, ge=1)
-    poll_timeout_s: float = Field(0.05, gt=0, le=10)
-    response_timeout_s: Duration = Field(30.0, gt=0)  # no output for this long = hung
-    # built-in tiny model only: a frame whose 16x16 grey thumbnail differs from the previous
-    # one by less than this (mean absolute difference, 0-255) is answered with <|silence|>
-    silence_threshold: float = Field(1.0, ge=0)
-    system_prompt: str | None = None  # None: the model's own default system prompt
-    # passed through to create_realtime_session(**generate_kwargs) (temperature, top_p...)
-    generate_kwargs: dict[str, bool | int | float | str] = Field(default_factory=dict)
-    torch_threads: int | None = Field(None, ge=1, le=1024)  # None: torch's (tiny model: 1)
-    max_pixels: int | None = Field(None, ge=1024)  # larger frames are downscaled before push
-    questions: tuple[SessionQuestion, ...] = ()  # pushed with push_prompt during the run
-
-    @field_validator("generate_kwargs")
-    @classmethod
-    def _own_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for key in v:
-            if key in SESSION_OWN_KEYS:
-                raise ValueError(f"{key!r} is a setting of its own: set workload.{key}")
-        return v
-
-    @field_validator("questions")
-    @classmethod
-    def _in_time_order(cls, v: tuple[SessionQuestion, ...]) -> tuple[SessionQuestion, ...]:
-        for i in range(1, len(v)):
-            a, b = v[i - 1].at_s, v[i].at_s
-            if b < a:
-                raise ValueError(f"questions must be in time order (at_s {b:g} < {a:g})")
-        return v
-
-
-#: session settings that generate_kwargs may not repeat (each is a [workload] key)
-SESSION_OWN_KEYS: tuple[str, ...] = (
-    "initial_prompt",
-    "system_prompt",
-    "frame_queue_size",
-    "max_tokens_per_turn",
-    "max_new_tokens",
-    "do_sample",
-)
-
-
-def _check_stage_name(v: str) -> str:
-    if not STAGE_NAME.fullmatch(v):
-        raise ValueError(f"must be a stage name of [a-z0-9_] characters, got {v!r}")
-    return v
-
-
-class GeneratorWorkloadSettings(_Section):
-    """A streaming frame generator (Matrix-Game style)."""
-
-    kind: Literal["generator"] = "generator"
-    factory: FactoryRef | None = None  # "pkg.mod:fn" for a real pipeline; None: built-in tiny one
-    options: dict[str, Any] = Field(default_factory=dict)  # passed to the factory
-    width: int = Field(64, ge=8, le=8192)
-    height: int = Field(64, ge=8, le=8192)
-    num_inference_steps: int = Field(4, ge=1, le=1000)
-    frames_per_chunk: int = Field(4, ge=1, le=1024)
-    chunks_per_request: int = Field(2, ge=1, le=1024)
-    channels: int = Field(16, ge=1, le=1024)
-    device: Device = "cpu"
-    seed: int = 0
-    response_timeout_s: Duration = Field(30.0, gt=0)  # a request not returning = hung
-    # "rollout": one long session per run, a chunk per paced condition (Matrix-Game's shape);
-    # "request": one request per paced frame (chunks_per_request chunks each)
-    mode: Literal["rollout", "request"] = "rollout"
-    # rollout: each chunk's action / camera pose: "synthetic" (a fixed WASD + mouse path),
-    # "none", or a JSON-lines file of objects, one per chunk, cycled
-    conditions: str = "synthetic"
-    context_chunks: int = Field(2, ge=0, le=64)  # rollout: chunks in the rolling KV window
-    # a planted fault (tests, demos): an extra named stage of slow_stage_ms per chunk, longer
-    # by slow_stage_growth_ms at each chunk (a stage that grows)
-    slow_stage: Annotated[str, AfterValidator(_check_stage_name)] | None = None
-    slow_stage_ms: float = Field(0.0, ge=0, le=60_000)
-    slow_stage_growth_ms: float = Field(0.0, ge=0, le=1000)
-
-
-class AvWorkloadSettings(GenerationSettings):
-    """Audio-visual Q&A over a window of recent frames and audio."""
-
-    kind: Literal["av"] = "av"
-    model_path: str | None = None  # None: the built-in tiny audio-visual model
-    # a transformers class to load model_path with; None: the Qwen2.5-Omni thinker when the
-    # config has a thinker_config, else AutoModelForImageTextToText
-    model_class: str | None = None
-    device: Device = "cpu"
-    timing: StageTiming = "sync"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    trust_remote_code: bool = False
-    video_fps: float = Field(2.0, gt=0, le=60)
-    window_seconds: float = Field(4.0, gt=0, le=600)  # frames = video_fps x window_seconds
-    max_frames: int = Field(64, ge=1, le=1024)  # cap on the window's frames
-    max_audio_seconds: float = Field(4.0, gt=0, le=600)
-    use_audio_in_video: bool = False  # interleave the window's audio with its video in time
-    # resize before the processor; None: the source's own size (the processor's min / max
-    # pixels decide, as for a real stream)
-    short_side: int | None = Field(None, ge=14, le=4096)
-    max_new_tokens: int = Field(8, ge=1, le=4096)
-    cache_dir: str | None = None  # built-in tiny model: default $CACHE_DIRECTORY or ~/.cache/soakd
-
-
-class MatrixGameWorkloadSettings(_Section):
-    """Matrix-Game-3.5's distilled causal rollout, run from a checkout of the authors' code
-    (``repo``) with their inputs, as their ``infer_distilled.py`` takes them. The knobs left
-    unset keep the value of the authors' YAML ``config``; each one set replaces it there."""
-
-    kind: Literal["matrix_game"] = "matrix_game"
-    repo: str  # a checkout of Riemann-Dynamics/Matrix-Game-3.5
-    config: str | None = None  # their YAML; None: <repo>/configs/infer_distilled.yaml
-    checkpoint: str  # the distilled first-person .safetensors (their --checkpoint)
-    image: str  # the anchor RGB image (--image)
-    camera: str  # .npz camera trajectory: extrinsics_c2w (N,4,4) + intrinsics (--camera)
-    camera_convention: Literal["c2w", "w2c"] = "c2w"
-    prompt: str | None = None  # exactly one of prompt / caption (--prompt / --caption)
-    caption: str | None = None  # a segment caption .json
-    wan_dir: str | None = None  # None: $WAN... or <repo>/checkpoints/ as their infer.py looks
-    tokenizer_dir: str | None = None
-    da3_dir: str | None = None  # Depth-Anything-3, for memory modes with online depth
-    # the authors' knobs (distilled_config.DistilledInferenceConfig); None: the YAML's value
-    schedule: tuple[int, ...] | None = None  # denoising timesteps, e.g. [1000, 667, 333]
-    student_cfg_scale: float | None = Field(None, ge=1)
-    chunk_size: int | None = Field(None, ge=1)  # latent frames per chunk (4 RGB frames each)
-    latent_window_size: int | None = Field(None, ge=1)
-    context_chunks: int | None = Field(None, ge=0)  # rolling KV window, in chunks
-    num_blocks: int | None = Field(None, ge=1)  # blocks per episode (the rollout's length)
-    # RGB frames per episode (one call of their rollout), rounded up to whole blocks; 0: one
-    # episode for the whole soak (KV cache and memory bank grow over it); None: num_blocks
-    episode_frames: int | None = Field(None, ge=0)
-    memory_mode: str | None = None  # c0_plus_generated | c0_only | gt | empty
-    height: int | None = Field(None, ge=16)  # resolution (pixels)
-    width: int | None = Field(None, ge=16)
-    device: Device = "cuda"  # where their pipeline runs (telemetry samples it; sync on CUDA)
-    workdir: str | None = None  # their input workspace and memory cache; None: a temp folder
-    response_timeout_s: Duration = Field(300.0, gt=0)  # no emit or chunk for this long = stall
-    # a stage their first episode never timed (a renamed hook): a warning and a
-    # missing_stage event instead of ending setup (exit 2)
-    allow_missing_stages: bool = False
-
-
-def _check_base_url(v: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(v)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"must be an http(s):// URL such as 'http://127.0.0.1:8000/v1', got {v!r}")
-    if parts.query or parts.fragment:
-        raise ValueError(f"must not carry a query or fragment, got {v!r}")
-    return v.rstrip("/")
-
-
-BaseUrl = Annotated[str, AfterValidator(_check_base_url)]
-
-
-def _check_env_name(v: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-        raise ValueError(f"must name an environment variable, got {v!r}")
-    return v
-
-
-#: the name of an environment variable (a served workload's ``api_key_env``)
-EnvName = Annotated[str, AfterValidator(_check_env_name)]
-
-
-class OpenAIWorkloadSettings(_Section):
-    """A model served behind an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM,
-    SGLang, TGI, llama.cpp's server, ``transformers serve``, Ollama), driven over HTTP."""
-
-    kind: Literal["openai"] = "openai"
-    base_url: BaseUrl = "http://127.0.0.1:8000/v1"  # the API root: <base_url>/chat/completions
-    model: str | None = None  # None: the first model <base_url>/models lists
-    prompt: str = "Describe what is happening in this frame."
-    system_prompt: str | None = None
-    max_tokens: int = Field(16, ge=1, le=65536)
-    temperature: float = Field(0.0, ge=0, le=2)
-    stream: bool = True  # SSE: time to first token (infer) and the rest of the stream (decode)
-    frames_per_request: int = Field(1, ge=1, le=64)  # the last N frames as N images (a clip)
-    jpeg_quality: int = Field(85, ge=1, le=100)
-    short_side: int | None = Field(
-        None, ge=14, le=8192
-    )  # resize before encoding; None: as captured
-    # merged into the request body (e.g. mm_processor_kwargs, ignore_eos, top_k); may not
-    # repeat a key soakd sets itself
-    extra_body: dict[str, Any] = Field(default_factory=dict)
-    api_key_env: EnvName | None = None  # the variable holding the API key (never stored)
-    # requests in flight, one per stream: sets run.streams when it is left at 1
-    concurrency: int | None = Field(None, ge=1, le=MAX_STREAMS)
-    request_timeout_s: Duration = Field(60.0, gt=0, le=86_400)  # one request, connect to last byte
-    ready_timeout_s: Duration = Field(60.0, gt=0, le=86_400)  # setup: wait this long for the server
-    # the server unreachable (refused, reset, timed out) for this long ends the run (INVALID)
-    unreachable_timeout_s: Duration = Field(30.0, gt=0, le=86_400)
-
-    @field_validator("extra_body")
-    @classmethod
-    def _own_body_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for key in v:
-            if key in OPENAI_OWN_KEYS:
-                raise ValueError(f"{key!r} is set by soakd: use workload.{OPENAI_OWN_KEYS[key]}")
-        return v
-
-
-def _check_ws_url(v: str) -> str:
-    """A ``ws://`` or ``wss://`` URL with a host; a password in it is refused (it would be
-    stored with the run's settings): the key goes in ``api_key_env``."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(v)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise ValueError(
-            f"must be a ws:// or wss:// URL such as 'ws://127.0.0.1:8000/v1/realtime', got {v!r}"
-        )
-    if parts.password is not None or parts.username is not None:
-        raise ValueError("must not carry a user or password: put the key in workload.api_key_env")
-    if parts.fragment:
-        raise ValueError(f"must not carry a fragment, got {v!r}")
-    return v
-
-
-WsUrl = Annotated[str, AfterValidator(_check_ws_url)]
-
-
-class RealtimeWorkloadSettings(_Section):
-    """A realtime session server: OpenAI's Realtime event vocabulary (OpenAI, Azure, vLLM,
-    vLLM-Omni, NVIDIA NIMs, Qwen-Omni-Realtime) or vLLM-Omni's streaming video input."""
-
-    kind: Literal["realtime"] = "realtime"
-    protocol: Literal["openai-realtime", "vllm-omni-video"] = "openai-realtime"
-    url: WsUrl = "ws://127.0.0.1:8000/v1/realtime"
-    model: str | None = None  # openai-realtime: sent as ?model= and in session.update
-    api_key_env: EnvName | None = None  # the variable holding the key (never stored)
-    instructions: str | None = None
-    # passed through in session.update / session.config (modalities, turn detection, ...)
-    session: dict[str, Any] = Field(default_factory=dict)
-    jpeg_quality: int = Field(85, ge=1, le=100)
-    short_side: int | None = Field(None, ge=14, le=8192)  # resize before encoding
-    audio_chunk_ms: int = Field(40, ge=20, le=100)  # the [audio] source, sent in chunks this long
-    output_audio_rate: int = Field(24000, ge=8000, le=192000)  # Hz of the PCM16 audio out
-    question: str = Field("What is happening now?", min_length=1)
-    question_every_s: Duration | None = Field(5.0, gt=0)  # None: only the timed questions
-    questions: tuple[SessionQuestion, ...] = ()  # asked at_s seconds into the run
-    response_timeout_s: Duration = Field(30.0, gt=0)  # a turn with no done event this long
-    connect_timeout_s: Duration = Field(10.0, gt=0)  # setup: the handshake and first event
-    # the server unreachable (every reconnect refused) for this long ends the run (INVALID)
-    unreachable_timeout_s: Duration = Field(30.0, gt=0)
-    reconnect_backoff_s: Duration = Field(0.5, gt=0)
-
-    @field_validator("questions")
-    @classmethod
-    def _in_time_order(cls, v: tuple[SessionQuestion, ...]) -> tuple[SessionQuestion, ...]:
-        for a, b in itertools.pairwise(v):
-            if b.at_s < a.at_s:
-                raise ValueError(f"questions must be in time order (at_s {b.at_s:g} < {a.at_s:g})")
-        return v
-
-
-#: request body keys soakd sets itself -> the [workload] key that sets them
-OPENAI_OWN_KEYS: dict[str, str] = {
-    "model": "model",
-    "messages": "prompt",
-    "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",
-    "temperature": "temperature",
-    "stream": "stream",
-    "stream_options": "stream",
-}
-
-
-class _DeclaredDevice(_Section):
-    """A workload soakd does not build itself declares where it runs, so the run samples
-    that GPU (NVML, torch allocator) and judges its memory: ``device`` (``cuda:N``) or a
-    ``device_map`` over several GPUs. The factory sees them as ``ctx.device`` and
-    ``ctx.device_map``. Given only in ``options`` (where a factory reads its own settings),
-    they are taken from there; given in both places, they must agree."""
-
-    options: dict[str, Any] = Field(default_factory=dict)
-    device: Device = "cpu"
-    device_map: str | dict[str, Any] | None = None
-    timing: StageTiming = "sync"  # a staged workload on device (one GPU): sync | events
-
-    @model_validator(mode="before")
-    @classmethod
-    def _declared_in_options(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("options"), Mapping):
-            return data
-        data = dict(data)
-        for key in ("device", "device_map"):
-            if key not in data["options"]:
-                continue
-            given = data["options"][key]
-            if key == "device":
-                try:
-                    _check_device(str(given))
-                except ValueError as exc:
-                    raise ValueError(f"options.device: {exc}") from None
-            if key in data and data[key] != given:
-                raise ValueError(
-                    f"{key} = {data[key]!r} but options.{key} = {given!r}: say it once"
-                )
-            data[key] = given
-        return data
-
-
-class PythonWorkload(_DeclaredDevice):
-    """A user's own workload: ``factory = "package.module:function"``."""
-
-    kind: Literal["python"] = "python"
-    factory: FactoryRef
-
-
-class PluginWorkload(_DeclaredDevice):
-    """A workload registered by another package in the ``soakd.workloads`` entry points."""
-
-    kind: str
-
-
-BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
-    "synthetic": SyntheticWorkload,
-    "tiny-vlm": TinyVlmWorkload,
-    "hf": HfWorkload,
-    "session": SessionWorkloadSettings,
-    "generator": GeneratorWorkloadSettings,
-    "av": AvWorkloadSettings,
-    "matrix_game": MatrixGameWorkloadSettings,
-    "openai": OpenAIWorkloadSettings,
-    "realtime": RealtimeWorkloadSettings,
-    "python": PythonWorkload,
-}
+# ---------------------------------------------------------------------------------------
+# ``[workload]``: each kind's settings live beside its code (soakd/workloads/); a new kind
+# is one member of this union (and its builder's line in soakd/workloads/registry.py)
 
 WorkloadSettings = (
     SyntheticWorkload
@@ -760,6 +254,19 @@ WorkloadSettings = (
     | RealtimeWorkloadSettings
     | PythonWorkload
     | PluginWorkload
+)
+#: the built-in kinds by name, in the union's order (a plugin's kind is any other name)
+BUILTIN_WORKLOADS: dict[str, type[_Section]] = {
+    m.model_fields["kind"].default: m for m in get_args(WorkloadSettings) if m is not PluginWorkload
+}
+#: the workload kinds whose calling convention takes one stream only (``run.streams = 1``)
+SINGLE_STREAM_KINDS: tuple[str, ...] = tuple(
+    k for k, m in BUILTIN_WORKLOADS.items() if getattr(m, "single_stream", False)
+)
+#: the workload kinds that drive a model behind a network endpoint: its server's process and
+#: metrics are sampled and judged too (telemetry/server.py, analysis/server.py)
+SERVED_KINDS: tuple[str, ...] = tuple(
+    k for k, m in BUILTIN_WORKLOADS.items() if getattr(m, "served", False)
 )
 
 

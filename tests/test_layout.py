@@ -1,12 +1,18 @@
 """The code's shape, as docs/architecture.md states it: imports run one way between layers,
-no module imports another that imports it back, SQL lives in soakd/store/, and functions
-stay short enough to read at once."""
+no module imports another that imports it back, SQL lives in soakd/store/, each workload
+kind's settings live beside its code and import nothing heavy, and functions stay short
+enough to read at once."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+from soakd.config import BUILTIN_WORKLOADS, PluginWorkload
+from soakd.workloads.registry import BUILDERS
 
 SOAKD = Path(__file__).resolve().parents[1] / "soakd"
 
@@ -14,7 +20,7 @@ SOAKD = Path(__file__).resolve().parents[1] / "soakd"
 #: layer, never a higher one nor a sibling part of the same layer (except the vocabulary)
 LAYER = {
     **dict.fromkeys(("__init__", "config", "clock", "records", "errors", "environment"), 0),
-    **dict.fromkeys(("jsonsafe", "redact"), 0),
+    **dict.fromkeys(("jsonsafe", "redact", "sections", "kind_settings"), 0),
     **dict.fromkeys(("sources", "workloads", "telemetry", "store"), 1),
     **dict.fromkeys(("analysis", "observers"), 2),
     "report": 3,
@@ -24,6 +30,12 @@ LAYER = {
 }
 MAX_FUNCTION_LINES = 80
 SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|BEGIN|PRAGMA)\b", re.I)
+#: what a kind's settings module (and the settings base, soakd/sections.py) may import: the
+#: standard library, pydantic and the vocabulary below config; config composes them, so
+#: anything heavier here would load on every `soakd` command, whatever its kind
+SETTINGS_IMPORTS = {"__future__", "pydantic", "pydantic_core", "soakd.sections", "soakd.records"}
+#: libraries reading a config must never load (a model, images, the network)
+HEAVY = ("torch", "transformers", "cv2", "PIL", "httpx", "websockets", "openai")
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -36,7 +48,16 @@ def _modules() -> dict[str, ast.Module]:
     return out
 
 
+def _is_kind_settings(module: str) -> bool:
+    """A workload kind's own settings: ``soakd/workloads/<kind>_settings.py``, or
+    ``settings.py`` in a kind's folder. They sit beside their kind's code but are config's
+    vocabulary (layer 0): config composes them into ``[workload]``."""
+    return module.startswith("soakd.workloads.") and module.endswith(("_settings", ".settings"))
+
+
 def _part(module: str) -> str:
+    if _is_kind_settings(module):
+        return "kind_settings"
     bits = module.split(".")
     return bits[1] if len(bits) > 1 else "__init__"
 
@@ -86,6 +107,58 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
                     seen.add(nxt)
                     stack.append((nxt, [*path, nxt]))
     assert not cycles, cycles[:5]
+
+
+def _all_imports(tree: ast.Module) -> set[str]:
+    """Every module a tree imports, at any depth (``from x import y``: x)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom):  # a relative import keeps its dots: never allowed
+            out.add("." * n.level + (n.module or ""))
+        elif isinstance(n, ast.Import):
+            out |= {a.name for a in n.names}
+    return out
+
+
+def test_a_kinds_settings_import_only_pydantic_and_the_settings_base() -> None:
+    """A kind's settings module (and soakd/sections.py) imports the standard library,
+    pydantic and the vocabulary below config only: config loads them on every command."""
+    mods = _modules()
+    settings = [m for m in mods if _is_kind_settings(m)] + ["soakd.sections"]
+    assert len(settings) > len(BUILTIN_WORKLOADS) // 2, settings
+    bad = [
+        f"{mod} imports {name}"
+        for mod in settings
+        for name in _all_imports(mods[mod])
+        if name not in SETTINGS_IMPORTS
+        and name.split(".")[0] not in sys.stdlib_module_names
+        and name.split(".")[0] not in ("pydantic", "pydantic_core")
+    ]
+    assert not bad, bad
+
+
+def test_each_kinds_settings_live_beside_its_code() -> None:
+    """Every built-in kind (and the plugins' settings) is defined in its code's settings
+    module (``hf.py`` -> ``hf_settings.py``, ``realtime/`` -> ``realtime/settings.py``), not
+    in config.py; every kind config knows has a builder and every builder a kind."""
+    assert set(BUILTIN_WORKLOADS) == set(BUILDERS)
+    beside = {kind: BUILDERS[kind].partition(":")[0] for kind in BUILDERS}
+    beside["<plugin>"] = "soakd.workloads.plugin"
+    models = {**BUILTIN_WORKLOADS, "<plugin>": PluginWorkload}
+    bad = [
+        f"{kind}: {m.__module__}.{m.__name__}, not beside {beside[kind]}"
+        for kind, m in models.items()
+        if m.__module__ not in (f"{beside[kind]}_settings", f"{beside[kind]}.settings")
+    ]
+    assert not bad, bad
+
+
+def test_reading_a_config_loads_no_model_image_or_network_library() -> None:
+    """`import soakd.config` (every `soakd` command, the kinds' settings with it) leaves
+    torch, transformers, OpenCV, PIL, httpx, websockets and openai unloaded."""
+    code = f"import sys, soakd.config\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", out.stdout
 
 
 def test_sql_is_written_only_in_the_store() -> None:

@@ -36,8 +36,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from soakd.config import AvWorkloadSettings
 from soakd.records import Frame, StageOutput
+from soakd.workloads.av_settings import AvWorkloadSettings
 from soakd.workloads.base import WorkloadContext, WorkloadError
 from soakd.workloads.hf import (
     LOAD_TIMEOUT_S,

@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from soakd.config import GeneratorWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import (
     Condition,
@@ -40,6 +39,7 @@ from soakd.workloads.base import (
     WorkloadError,
 )
 from soakd.workloads.conditions import load_conditions
+from soakd.workloads.generator_settings import GeneratorWorkloadSettings
 from soakd.workloads.plugin import load_factory
 
 _LATENT_SCALE = 8  # the decoder upsamples the latent by this factor (like an image VAE)

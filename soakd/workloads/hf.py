@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from soakd.config import HfWorkload, TinyVlmWorkload
 from soakd.records import Frame, StageOutput
 from soakd.workloads.base import WorkloadContext, WorkloadError
+from soakd.workloads.hf_settings import HfWorkload, TinyVlmWorkload
 from soakd.workloads.tiny import MARKER, TinySpec, ensure_tiny_model
 from soakd.workloads.tiny import model_dir as tiny_model_dir
 

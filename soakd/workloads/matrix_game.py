@@ -95,8 +95,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from soakd.config import MatrixGameWorkloadSettings
 from soakd.workloads.base import RolloutRun, WorkloadContext, WorkloadError
+from soakd.workloads.matrix_game_settings import MatrixGameWorkloadSettings
 
 _MOSAIC = "examples.wanvideo.pipeline.mosaic"
 #: the checkout's modules the workload imports, by their file in the checkout

@@ -42,10 +42,10 @@ import numpy as np
 from httpx_sse import EventSource
 
 from soakd import redact
-from soakd.config import OpenAIWorkloadSettings
 from soakd.records import Frame, StageOutput
 from soakd.workloads.base import RunAbort, WorkloadContext, WorkloadError
 from soakd.workloads.hf import resize_short_side
+from soakd.workloads.openai_settings import OpenAIWorkloadSettings
 
 #: how often setup asks a server that is not ready yet
 READY_POLL_S = 0.25

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.config import PythonWorkload
 from soakd.workloads.base import WorkloadContext, WorkloadError
+from soakd.workloads.plugin_settings import PythonWorkload
 from soakd.workloads.registry import resolve
 
 #: the methods each shape must provide (``shape`` itself is checked separately)

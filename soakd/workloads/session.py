@@ -61,7 +61,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from soakd.config import SessionWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import (
     Consumed,
@@ -72,6 +71,7 @@ from soakd.workloads.base import (
     WorkloadContext,
     WorkloadError,
 )
+from soakd.workloads.session_settings import SessionWorkloadSettings
 from soakd.workloads.tiny_session import TinyRealtimeModel
 
 SILENCE_TOKEN = "<|silence|>"

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from soakd.config import SyntheticWorkload as SyntheticSettings
 from soakd.records import Frame, StageOutput
 from soakd.workloads.base import WorkloadContext
+from soakd.workloads.synthetic_settings import SyntheticWorkload as SyntheticSettings
 
 _MB = 1 << 20
 _CHUNK = _MB  # memory is held in 1 MiB anonymous mappings

@@ -43,11 +43,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import cv2
 import numpy as np
 
-from soakd.config import RealtimeWorkloadSettings
 from soakd.records import Frame
 from soakd.workloads.base import WorkloadContext, WorkloadError
 from soakd.workloads.hf import resize_short_side
 from soakd.workloads.realtime.protocol import DIALECTS, MalformedEvent, Parsed, parse_event
+from soakd.workloads.realtime.settings import RealtimeWorkloadSettings
 
 #: seconds of audio the send queue holds before its oldest chunks are dropped
 AUDIO_QUEUE_S = 2.0
