@@ -12,24 +12,29 @@ reported ``stale`` and counts against the score, so the list stays true as the c
     .venv/bin/python -m bench.mutate --only "(#23)"   # issue 23's boundary pins only
     .venv/bin/python -m bench.mutate --only "(#22)"   # stopping a run early
     .venv/bin/python -m bench.mutate --only "(#35"   # issue 35's criteria, early, server, served
+    .venv/bin/python -m bench.mutate --jobs 2   # two mutants at once, each on its own copy
 
 The mutants live in bench/mutants/, one module per area of the code. A mutant shown to be
 equivalent (no verdict or reported number can change) keeps its reason there, is checked for
 staleness, and is listed but neither run nor counted.
 
-Exits 1 when fewer than 95 % of the mutants are killed (or any is stale). Each set of test
-files is first run on the unmutated copy: a mutant whose tests already fail there (someone's
-work in progress) is reported ``baseline`` and is not counted as killed.
+Exits 1 when fewer than 95 % of the mutants are killed (or any is stale). Every test file
+and node id the mutants name is first run once on the unmutated copy: a mutant whose tests
+already fail there (someone's work in progress, a flaky test) is reported ``baseline`` and
+is not counted as killed.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.mutants import ALL, Mutant
@@ -63,9 +68,30 @@ def _pytest(tests: tuple[str, ...], copy: Path, timeout_s: float) -> str:
 def broken_baselines(
     copy: Path, timeout_s: float, mutants: tuple[Mutant, ...] = MUTANTS
 ) -> set[tuple[str, ...]]:
-    """The test-file sets (of ``mutants``) that do not pass on the unmutated copy."""
-    sets = sorted({m.tests for m in mutants})
-    return {t for t in sets if _pytest(t, copy, timeout_s) != "survived"}
+    """The test sets (of ``mutants``) that do not pass on the unmutated copy: every test
+    file or node id they name, run once together, and each set with a failure in it."""
+    items = sorted({t for m in mutants for t in m.tests})
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-n", "2",
+           *items]  # fmt: skip
+    try:
+        r = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
+                           timeout=timeout_s * 4)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {m.tests for m in mutants}
+    failed = [
+        line.split()[1]
+        for line in r.stdout.splitlines()
+        if line.startswith(("FAILED ", "ERROR ")) and len(line.split()) > 1
+    ]
+    if r.returncode not in (0, 1) and not failed:  # collection or usage error: all suspect
+        return {m.tests for m in mutants}
+    return {m.tests for m in mutants if any(_names(t, f) for t in m.tests for f in failed)}
+
+
+def _names(item: str, nodeid: str) -> bool:
+    """``item`` (a test file or node id) names the failed test ``nodeid``."""
+    return nodeid == item or nodeid.startswith((item + "::", item + "["))
 
 
 def run_one(m: Mutant, copy: Path, timeout_s: float, broken: set[tuple[str, ...]]) -> str:
@@ -83,6 +109,7 @@ def run_one(m: Mutant, copy: Path, timeout_s: float, broken: set[tuple[str, ...]
 
 
 def _copy_project(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
     for name in ("soakd", "tests", "bench", "configs", "pyproject.toml", "README.md"):
         src = REPO / name
         if src.is_dir():
@@ -103,16 +130,33 @@ def main(argv: list[str]) -> int:
     if not chosen:
         print(f"no mutant's name contains {only!r}", file=sys.stderr)
         return 2
+    # --jobs N: N mutants at once, each job on its own copy of the project
+    jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv[:-1] else 1
     results: list[tuple[Mutant, str, float]] = []
     with tempfile.TemporaryDirectory(prefix="soakd-mutate-") as tmp:
-        copy = _copy_project(Path(tmp))
-        broken = broken_baselines(copy, 300, chosen)
+        copies: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        for j in range(max(1, jobs)):
+            copies.put(_copy_project(Path(tmp) / f"job{j}"))
+        first = copies.get()
+        broken = broken_baselines(first, 300, chosen)
+        copies.put(first)
         for tests in sorted(broken):
             print(f"baseline: {' '.join(tests)} fails unmutated", flush=True)
-        for m in chosen:
-            t0 = time.monotonic()
-            results.append((m, run_one(m, copy, 300, broken), time.monotonic() - t0))
-            print(f"{results[-1][1]:<17} {results[-1][2]:6.1f} s  {m.name}", flush=True)
+        lock = threading.Lock()
+
+        def one(m: Mutant) -> None:
+            copy = copies.get()
+            try:
+                t0 = time.monotonic()
+                got = (m, run_one(m, copy, 300, broken), time.monotonic() - t0)
+            finally:
+                copies.put(copy)
+            with lock:
+                results.append(got)
+                print(f"{got[1]:<17} {got[2]:6.1f} s  {m.name}", flush=True)
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            list(pool.map(one, chosen))
     killed = sum(r.startswith("killed") for _, r, _ in results)
     score = killed / len(results)
     print(f"\nmutation score: {killed}/{len(results)} killed = {score:.0%} (target {TARGET:.0%})")
