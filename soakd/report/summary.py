@@ -80,9 +80,9 @@ class RunSummary:
     # rollout's "episodes"; empty otherwise
     generator: dict[str, Any] = field(default_factory=dict)
     chunk_stages: dict[str, Dist] = field(default_factory=dict)  # a rollout's named stages
-    # served models (kind = "openai"): "time to first token" (the infer stage), the requests'
-    # own inter-token intervals ("inter-token p50/p95/max (per request)": the distribution
-    # over requests of each request's p50, p95 and max) and "output tokens"; empty otherwise
+    # streamed served models (kind = "openai"): "time to first token" (the infer stage) and
+    # the requests' own inter-token intervals ("inter-token p50/p95/max (per request)": the
+    # distribution over requests of each request's p50, p95 and max); empty otherwise
     served: dict[str, Dist] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -187,8 +187,10 @@ SERVED_ROWS: tuple[tuple[str, str], ...] = (
 
 
 def _served(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
-    """A served model's time to first token and its requests' inter-token intervals."""
-    if data.meta.workload_kind != "openai":
+    """A served model's time to first token and its requests' inter-token intervals; none for
+    a run that did not stream (``workload.stream = false``): its infer stage is the whole
+    answer, not a first token (the stage table shows it)."""
+    if data.meta.workload_kind != "openai" or data.meta.setting("workload", "stream") is False:
         return {}
     out = {label: Dist.of(data.frame(col)[measured]) for label, col in SERVED_ROWS}
     return {k: d for k, d in out.items() if d.n}
