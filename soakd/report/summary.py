@@ -80,7 +80,7 @@ class RunSummary:
     # rollout's "episodes"; empty otherwise
     generator: dict[str, Any] = field(default_factory=dict)
     chunk_stages: dict[str, Dist] = field(default_factory=dict)  # a rollout's named stages
-    # served models (kind = "openai"), per request: "time to first token" (the infer
+    # streamed served models (kind = "openai"), per request: "time to first token" (the infer
     # stage), "inter-token latency" (decode time / (tokens - 1), as AIPerf and guidellm
     # define it) and the gaps between the stream's content chunks ("chunk gap p50/p95/max
     # (per request)": over requests, each request's p50, p95 and max; a server that sends
@@ -195,8 +195,10 @@ ITL_ROW = "inter-token latency (decode / (tokens - 1))"
 
 
 def _served(data: RunData, measured: np.ndarray) -> dict[str, Dist]:
-    """A served model's time to first token, inter-token latency and chunk gaps."""
-    if data.meta.workload_kind != "openai":
+    """A served model's time to first token, inter-token latency and chunk gaps; none for a
+    run that did not stream (``workload.stream = false``): its infer stage is the whole
+    answer, not a first token (the stage table shows it)."""
+    if data.meta.workload_kind != "openai" or data.meta.setting("workload", "stream") is False:
         return {}
     tokens = data.frame("out_tokens")
     with np.errstate(invalid="ignore", divide="ignore"):
