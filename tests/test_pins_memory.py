@@ -111,6 +111,14 @@ def test_floor_windows_start_at_the_warm_ups_end_and_merge_a_short_stub(
         assert v.series["memory_rss"].t[0] == pytest.approx(WARM + 2.0)
 
 
+def test_a_long_run_s_floor_windows_are_lengthened_to_400(conn: sqlite3.Connection) -> None:
+    """Past 400 windows of floor_window_s, the floor windows are lengthened to span / 400:
+    1700 s after the warm-up make 400 windows of 4.25 s."""
+    r = _get(_judge(conn, _store(conn, "long", _flat, WARM + 1700.0)), "memory_rss")
+    assert r.evidence["floor_window_s"] == pytest.approx(1700.0 / 400)
+    assert r.evidence["n_windows"] == 400 and r.status == "pass", r.detail
+
+
 def test_the_bounded_path_lays_the_exact_path_s_floors(
     conn: sqlite3.Connection, spans: dict[float, str]
 ) -> None:

@@ -59,6 +59,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("a floor window shortened by under 5 % is too short (#35 memory)", MEM,
            "if status in (PASS, FAIL) and w < c.floor_window_s * (1 - FLOOR_SLACK):",
            "if status in (PASS, FAIL) and w < c.floor_window_s:", (PINS,)),
+    Mutant("floor windows never lengthened for a long run (#35 memory)", MODEL,
+           "    w = max(configured, span / MAX_WINDOWS)", "    w = configured", (PINS,)),
     Mutant("a stub window under half a width kept as a window (#35 memory)", STATS,
            "    if span - nwin * width_s >= width_s / 2:", "    if span - nwin * width_s > 0:",
            (PINS,)),
