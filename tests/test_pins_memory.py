@@ -428,3 +428,18 @@ def test_a_stage_too_short_to_test_passes_only_when_its_range_bounds_it(
         need = max(row.get("span_to_test_s", 0.0) for row in r.evidence["stages"].values())
         assert f"run at least {need:.0f} s after the warm-up" in r.detail, r.detail
         assert f"(run.duration >= {WARM + need:.0f} s)" in r.detail, r.detail
+
+
+def test_a_bounded_pass_on_many_windows_says_few_of_them_are_independent(
+    conn: sqlite3.Connection,
+) -> None:
+    """A slow 2 MB swell over 120 s: the floors' many windows move together, so the trend is
+    untestable but bounded; the detail says how few of them are independent, never that
+    there are too few windows."""
+    rid = _store(conn, "swell", lambda t: 400.0 + 2 * np.sin(2 * np.pi * t / 115.0), 120.0,
+                 noise=0.0)  # fmt: skip
+    mem = _get(_judge(conn, rid, max_memory_growth_mb_per_min=10.0), "memory_rss")
+    assert mem.status == "pass" and "independent" in mem.detail, mem.detail
+    found = re.findall(r"\((\d+) windows, about (\d+) independent", mem.detail)
+    n, n_eff = (int(x) for x in found[0])
+    assert n >= 12 and n_eff < 3, mem.detail

@@ -421,6 +421,17 @@ class TrendCall:
     bound: float | None = None
 
 
+def too_few(tr: stats.Trend, alpha: float) -> str:
+    """Why a trend could not be tested, in words: too few windows, or enough windows that
+    move together so much that few of them count ("30 windows, about 2 independent")."""
+    if tr.n < stats.min_trend_points(alpha):
+        return f"too few windows for a trend test ({tr.n})"
+    return (
+        f"too few independent windows for a trend test ({tr.n} windows, about "
+        f"{tr.n_eff:.0f} independent once their autocorrelation is counted)"
+    )
+
+
 def _range_bound(t: np.ndarray, y: np.ndarray) -> float | None:
     """The steepest slope the series' windows allow: (max - min) / span of their times."""
     ok = np.isfinite(t) & np.isfinite(y)

@@ -20,6 +20,7 @@ from soakd.analysis.criteria.base import (
     not_significant,
     span_to_test,
     thin,
+    too_few,
     trend_fields,
     undecided_trend,
     untested,
@@ -130,7 +131,7 @@ def _age_outcome(
         return INVALID, open_
     if call.how == "bounded" and call.bound is not None:
         return PASS, (
-            f"median {med:.4g} ms; too few windows for a trend test, but their range allows "
+            f"median {med:.4g} ms; {too_few(tr, ctx.crit.alpha)}, but their range allows "
             f"at most {call.bound * 60:.3g} ms/min"
         )
     tol = ctx.crit.max_age_slope_ms_per_min

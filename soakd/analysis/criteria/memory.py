@@ -22,6 +22,7 @@ from soakd.analysis.criteria.base import (
     look_window,
     not_significant,
     span_to_test,
+    too_few,
     trend_fields,
     undecided_trend,
     untested,
@@ -194,7 +195,7 @@ def _shape(
         return INVALID, untested(ctx, tr, "leaks", need), call, tr
     if call.how == "bounded":
         detail = (
-            f"too few windows for a trend test, but the floors' range allows at most "
+            f"{too_few(tr, ctx.crit.alpha)}, but the floors' range allows at most "
             f"{call.bound * per:.3g} MB/min, peak {ev['peak_mb']:.0f} MB"  # type: ignore[operator]
         )
         return PASS, detail, call, tr
