@@ -153,6 +153,26 @@ def test_frames_samples_progress_and_verdict_are_exported(server: MetricsServer)
     assert value(data, "soakd_criterion_threshold", criterion="drops") == 0.05
 
 
+def test_a_served_answer_s_tokens_and_a_realtime_answer_s_audio_are_exported(
+    server: MetricsServer,
+) -> None:
+    """Output tokens are counted; a realtime turn's audio real-time factor is observed and
+    its underruns counted; a frame with no turn adds neither."""
+    obs = MetricsObserver(server)
+    obs.on_run_start(_info())
+    turn = {"turn": 1, "audio_s": 0.24, "audio_rtf": 0.8, "underruns": 2}
+    obs.on_frame(_frame(0)._replace(out_tokens=6, extra=turn))
+    obs.on_frame(_frame(1)._replace(out_tokens=4, extra={"turn": 2, "audio_rtf": 3.0,
+                                                          "underruns": 0}))  # fmt: skip
+    obs.on_frame(_frame(2)._replace(extra={"chunks": 3}))
+    data = scrape(server.url)
+    run = {"run": "run-1", "config": "abc123", "modelName": "NVIDIA H200"}
+    assert value(data, "soakd_output_tokens_total", **run) == 10
+    assert value(data, "soakd_turn_audio_realtime_factor_count", **run) == 2
+    assert value(data, "soakd_turn_audio_realtime_factor_bucket", le="1.0", **run) == 1
+    assert value(data, "soakd_turn_audio_underruns_total", **run) == 2
+
+
 def test_an_auto_runs_last_look_is_exported_per_criterion(server: MetricsServer) -> None:
     """A ``duration = "auto"`` run's look: each criterion's standing one-hot, and each
     trend's detectable slope over its tolerance; the next look replaces both."""

@@ -20,6 +20,10 @@ soakd_frame_errors_total                         counter
 soakd_dropped_frames_total                       counter    dropped by the latest-frame queue
 soakd_stale_frames_total                         counter    skipped as older than max_age_ms
 soakd_events_total                               counter    kind = stall|oom|error|signal|...
+soakd_output_tokens_total                        counter    a served model's answers' tokens
+soakd_turn_audio_realtime_factor                 histogram  a realtime answer's audio seconds
+                                                            per wall second (< 1: it stutters)
+soakd_turn_audio_underruns_total                 counter    a realtime answer's underruns
 soakd_achieved_frames_per_second                 gauge
 soakd_target_frames_per_second                   gauge
 soakd_frame_age_p50_seconds                      gauge      rolling median of the runner
@@ -106,6 +110,8 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, math.inf,
 )  # fmt: skip
+#: a realtime answer's audio real-time factor: under 1 the listener hears it stutter
+RTF_BUCKETS: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0, 8.0, math.inf)
 
 #: modelName: the run's GPU model, as dcgm-exporter names it; `gpu` is only ever the NVML
 #: index (on the per-GPU series), so soakd's and dcgm-exporter's series join on it
@@ -440,6 +446,16 @@ class MetricsObserver(Observer):
             "soakd_stale_frames", "Frames skipped as older than max_age_ms.", lbl, registry=r
         )
         self.events = Counter("soakd_events", "Events by kind.", [*lbl, "kind"], registry=r)
+        self.tokens = Counter("soakd_output_tokens", "Output tokens of a served model's answers.",
+                              lbl, registry=r)  # fmt: skip
+        self.audio_rtf = Histogram(
+            "soakd_turn_audio_realtime_factor",
+            "A realtime answer's audio seconds received per wall second.",
+            lbl, buckets=RTF_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.underruns = Counter("soakd_turn_audio_underruns",
+                                 "A realtime answer's audio underruns (stutters).", lbl,
+                                 registry=r)  # fmt: skip
         self.fps = Gauge(
             "soakd_achieved_frames_per_second", "Frames finished per second.", lbl, registry=r
         )
@@ -501,6 +517,9 @@ class MetricsObserver(Observer):
         self._age = self.frame_age.labels(**lv)
         self._e2e = self.e2e.labels(**lv)
         self._frames = self.frames.labels(**lv)
+        self._tokens = self.tokens.labels(**lv)
+        self._audio_rtf = self.audio_rtf.labels(**lv)
+        self._underruns = self.underruns.labels(**lv)
         self._errors = self.errors.labels(**lv)
         self._drops = self.drops.labels(**lv)
         self._stale = self.stale.labels(**lv)
@@ -539,7 +558,20 @@ class MetricsObserver(Observer):
         self._frames.inc()
         if rec.error is not None:
             self._errors.inc()
+        if rec.out_tokens:
+            self._tokens.inc(rec.out_tokens)
+        self._count_turn(rec.extra)
         self._count_queue(rec)
+
+    def _count_turn(self, extra: dict[str, Any] | None) -> None:
+        """A realtime answer's audio: its real-time factor and underruns."""
+        if not extra or extra.get("turn") is None:
+            return
+        rtf, under = extra.get("audio_rtf"), extra.get("underruns")
+        if isinstance(rtf, int | float) and math.isfinite(rtf):
+            self._audio_rtf.observe(float(rtf))
+        if isinstance(under, int) and under > 0:
+            self._underruns.inc(under)
 
     def _count_queue(self, rec: FrameRecord) -> None:
         # FrameRecord carries cumulative counts; a counter takes the increase
