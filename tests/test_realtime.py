@@ -422,6 +422,27 @@ def test_n_streams_are_n_concurrent_sessions_each_asked_and_summed_in_one_summar
     assert rt["turns"] == len(events(db_path, result.run_id, "turn")) + rt["turns_failed"]
 
 
+def test_a_profile_asks_about_each_frame_and_recommends_a_question_interval(tmp_path, server):
+    """soakd profile (unpaced): each frame pushed, asked about and answered before the next;
+    every row after the first has its time to first delta, decode and push -> done, and the
+    profile recommends a question interval from the answers, never a frame rate."""
+    db = tmp_path / "p.db"
+    out = run_cli("profile", "--frames", "6", "-f", "json", "--db", str(db),
+                  "--set", "workload.kind=realtime", "--set", f"workload.url={url(server)!r}",
+                  "--set", "workload.connect_timeout_s=10")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    got = rows(db, "SELECT infer_ms, decode_ms, total_ms, (t_done - t_dispatch) * 1e3 FROM"
+               " frames WHERE first = 0 AND error IS NULL")  # fmt: skip
+    assert len(got) == 5 and doc["measured"] == 5
+    for infer, decode, total, span in got:
+        assert 0 < infer < total and 0 <= decode < total and total == pytest.approx(span)
+    assert doc["recommended_fps"] is None and doc["fps_flag"] is None
+    answers = doc["theoretical_fps"]
+    assert answers == pytest.approx(1000 / doc["stages"]["total"]["median"])
+    assert 1 / (0.6 * answers) <= doc["question_every_s"] <= 1.1 / (0.6 * answers)
+
+
 def test_audio_out_is_timed_as_a_listener_hears_it_and_audio_in_goes_in_chunks(db_path, server):
     """Audio out (40 ms of PCM16 a token): each turn has its audio seconds, real-time factor
     and underruns; the [audio] source goes out in audio_chunk_ms chunks, none dropped."""

@@ -49,7 +49,12 @@ def profile_tables(r: ProfileResult) -> list[Any]:
             f"max {_ms(se.take_interval_max_ms)} ms ({se.taken} frames); capture -> next "
             f"output p50 {_ms(se.output_latency_p50_ms)} ms"
         )
-    if r.theoretical_fps is not None:
+    if r.question_every_s is not None and r.theoretical_fps is not None:  # realtime
+        lines.append(f"answers {r.theoretical_fps:.2f} a second one at a time (1000 / "
+                     f"{r.rate_basis})")  # fmt: skip
+        lines.append(f"recommended: a question at most every {r.question_every_s:g} s: "
+                     f"--set workload.question_every_s={r.question_every_s:g}")  # fmt: skip
+    elif r.theoretical_fps is not None:
         lines.append(f"theoretical rate {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
         if r.fps_flag is not None:
             lines.append(f"recommended rate {r.recommended_fps:g} fps: {r.fps_flag}")

@@ -132,6 +132,9 @@ class ProfileResult:
     session: SessionStats | None = None
     rate_basis: str = "median total"  # what the theoretical rate is 1000 over
     host: HostLoad | None = None  # other processes' load on the host while it ran
+    # a realtime session (its frames are pushed whatever the answers take): the shortest
+    # interval between questions it holds, at 1 / (0.6 x answers per second one at a time)
+    question_every_s: float | None = None
 
     @property
     def completed(self) -> bool:
@@ -171,6 +174,16 @@ def recommend(theoretical_fps: float | None) -> tuple[float | None, tuple[float,
     rec = min(round_down_2sig(RECOMMEND_FACTOR * theoretical_fps), 1000.0)
     lo, hi = (round(f * theoretical_fps, 3) for f in RECOMMEND_BAND)
     return (rec if rec > 0 else None), (lo, hi)
+
+
+def question_interval(answers_per_s: float | None) -> float | None:
+    """The shortest ``workload.question_every_s`` a realtime session holds: one question per
+    recommended answer (0.6x the answers it gives one at a time), rounded up."""
+    if answers_per_s is None or answers_per_s <= 0:
+        return None
+    x = 1.0 / answers_per_s
+    mag = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return round(math.ceil(x / mag - 1e-9) * mag, 10)
 
 
 def held_fixed(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -260,6 +273,10 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
     if session is not None and session.take_interval_p50_ms:
         theo, basis = 1000.0 / session.take_interval_p50_ms, "median interval between frames taken"
     rec, band = recommend(theo) if run.status == "completed" else (None, None)
+    ask = None
+    if run.workload_kind == "realtime":  # a rate of answers, not of frames
+        basis, ask = "median answer, frame pushed to done", question_interval(rec)
+        rec, band = None, None
     tokens = vals["out_tokens"][np.isfinite(vals["out_tokens"])]
     result = ProfileResult(
         run_id=run_id,
@@ -286,6 +303,7 @@ def profile_from_db(conn: sqlite3.Connection, run_id: str) -> ProfileResult:
         audio_tokens=_median(vals["audio_tokens"]),
         session=session,
         rate_basis=basis,
+        question_every_s=ask,
         host=host_load(rundata.load_sample_columns(conn, run_id), _cpus(run.environment)),
     )
     if run.workload.get("shape", run.workload_kind) in ("generator", "rollout"):
@@ -424,7 +442,16 @@ def _mb(v: int | None) -> str:
 def _rate_lines(r: ProfileResult) -> list[str]:
     """The theoretical and recommended rates, or why there is none."""
     lines: list[str] = []
-    if r.theoretical_fps is not None and r.recommended_band is not None:
+    if r.question_every_s is not None and r.theoretical_fps is not None:
+        lines.append(
+            f"- answers: {r.theoretical_fps:.2f} a second one at a time (1000 / {r.rate_basis})"
+        )
+        lines.append(
+            f"- recommended: a question at most every {r.question_every_s:g} s "
+            f"({RECOMMEND_FACTOR:g}x; frames go out at --fps whatever the answers take): "
+            f"`--set workload.question_every_s={r.question_every_s:g}`"
+        )
+    elif r.theoretical_fps is not None and r.recommended_band is not None:
         lo, hi = r.recommended_band
         lines.append(f"- theoretical rate: {r.theoretical_fps:.2f} fps (1000 / {r.rate_basis})")
         lines.append(

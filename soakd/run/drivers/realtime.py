@@ -27,6 +27,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,6 +64,9 @@ class _Driver:
         self.first = True
         self.turns: list[dict[str, Any]] = []
         self.sent = 0
+        # unpaced (a profile): each frame pushed, asked about and answered before the next;
+        # its row's total is push -> done
+        self.one_at_a_time = ctx.grab is not None
 
     # --- frames
     def push(self, frame: Frame, qlen: int) -> None:
@@ -136,16 +140,22 @@ class _Driver:
             texts.append(self.question)
             while self.next_every <= t:
                 self.next_every += self.every or 1.0
-        ctx = self.ctx
         for text in texts:
-            if self.wl.ask(text):
-                if self.newest is not None and self.newest in self.held:
-                    self.held[self.newest].turn = True
-                    self.turn_row = self.newest
-                ctx.event(ctx.make_event("question", text[:500], data={"at_s": round(t, 3)}))
-            else:
-                msg = f"question skipped: the previous answer is still open: {text[:200]!r}"
-                ctx.event(ctx.make_event("question_skipped", msg))
+            self.ask(text, t)
+
+    def ask(self, text: str, t: float) -> bool:
+        """Ask ``text`` about the newest frame sent (its row waits for the answer); a
+        question while the previous answer is open is skipped, as an event."""
+        ctx = self.ctx
+        if not self.wl.ask(text):
+            msg = f"question skipped: the previous answer is still open: {text[:200]!r}"
+            ctx.event(ctx.make_event("question_skipped", msg))
+            return False
+        if self.newest is not None and self.newest in self.held:
+            self.held[self.newest].turn = True
+            self.turn_row = self.newest
+        ctx.event(ctx.make_event("question", text[:500], data={"at_s": round(t, 3)}))
+        return True
 
     def _turn(self, turn: Any) -> None:
         ctx = self.ctx
@@ -180,6 +190,8 @@ class _Driver:
             t_done=ctx.s(turn.done_ns or turn.last_delta_ns or ctx.clock.now_ns()),
             extra=m,
         )
+        if self.one_at_a_time and rec.t_done is not None and rec.t_dispatch is not None:
+            rec = rec._replace(total_ms=(rec.t_done - rec.t_dispatch) * 1e3)  # push -> done
         if turn.error is not None:
             ctx.counters.errors += 1
             rec = rec._replace(error=f"turn {turn.n}: {turn.error}"[:2000])
@@ -238,6 +250,9 @@ def drive(ctx: DriverContext[Any]) -> None:
     N, N - 1 more (``RealtimeSession.another``), each driven by its own thread on its
     stream's queue, as concurrent sessions of N cameras; one summary over them all."""
     queue, counters = ctx.queue, ctx.counters
+    if ctx.grab is not None:  # unpaced: a profile
+        ctx.summary["realtime"] = summarise([_session(ctx, _one_answer_each)])
+        return
     if not isinstance(queue, StreamQueues) or not isinstance(counters, StreamCounters):
         ctx.summary["realtime"] = summarise([_session(ctx)])
         return
@@ -272,8 +287,11 @@ def drive(ctx: DriverContext[Any]) -> None:
         ctx.summary["realtime"] = summarise(done)
 
 
-def _session(ctx: DriverContext[Any]) -> _Driver:
-    """One session's loop: start it, push paced frames, ask, drain; its driver at the end."""
+def _session(
+    ctx: DriverContext[Any], loop: Callable[[DriverContext[Any], _Driver], None] | None = None
+) -> _Driver:
+    """One session: start it, run ``loop`` (paced frames pushed, questions on their
+    schedule), drain; its driver at the end."""
     wl: Any = ctx.workload
     d = _Driver(ctx)
     try:
@@ -284,26 +302,61 @@ def _session(ctx: DriverContext[Any]) -> _Driver:
         ctx.request_abort(msg)
         return d
     try:
-        while not ctx.stop.is_set():
-            budget = ctx.max_frames is None or ctx.counters.dispatched < ctx.max_frames
-            got = ctx.next_frame(0.05) if budget else None
-            d.drain()
-            if wl.failed is not None:
-                ctx.request_abort(wl.failed)
-                break
-            if d.newest is not None:
-                d.ask_due()
-            if got is not None:
-                d.push(*got)
-            elif not budget or (ctx.queue is not None and ctx.queue.closed):
-                break
-        _wait_for_open_turn(ctx, d)
+        (loop or _paced)(ctx, d)
     finally:
         d.drain()
         for h in list(d.held.values()):
             d._finish(h.rec)
         d.held.clear()
     return d
+
+
+def _paced(ctx: DriverContext[Any], d: _Driver) -> None:
+    """Paced frames pushed as they come, questions asked on their schedule."""
+    wl = d.wl
+    while not ctx.stop.is_set():
+        budget = ctx.max_frames is None or ctx.counters.dispatched < ctx.max_frames
+        got = ctx.next_frame(0.05) if budget else None
+        d.drain()
+        if wl.failed is not None:
+            ctx.request_abort(wl.failed)
+            break
+        if d.newest is not None:
+            d.ask_due()
+        if got is not None:
+            d.push(*got)
+        elif not budget or (ctx.queue is not None and ctx.queue.closed):
+            break
+    _wait_for_open_turn(ctx, d)
+
+
+def _one_answer_each(ctx: DriverContext[Any], d: _Driver) -> None:
+    """Unpaced (``soakd profile``): each frame pushed, the socket's taking it awaited, the
+    question asked about it and its answer awaited before the next frame: the row's infer
+    is the time to first delta, decode the rest, total push -> done."""
+    question = d.question or "What is happening?"
+    while not ctx.stop.is_set() and not ctx.budget_spent():
+        got = ctx.next_frame()
+        if got is None:
+            break
+        d.push(*got)
+        if not _until(ctx, d, lambda: not d.pending):  # the socket took it (or failed)
+            break
+        if d.newest == got[0].id and d.ask(question, ctx.s(ctx.clock.now_ns())):
+            _wait_for_open_turn(ctx, d)
+            d.drain()
+
+
+def _until(ctx: DriverContext[Any], d: _Driver, done: Callable[[], bool]) -> bool:
+    """Drain until ``done()``; False when the run stopped or the session failed first."""
+    while not done():
+        if ctx.stop.is_set() or d.wl.failed is not None:
+            if d.wl.failed is not None:
+                ctx.request_abort(d.wl.failed)
+            return False
+        d.drain()
+        time.sleep(0.005)
+    return True
 
 
 def _wait_for_open_turn(ctx: DriverContext[Any], d: _Driver) -> None:
