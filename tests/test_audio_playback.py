@@ -107,6 +107,30 @@ def test_a_session_without_audio_out_has_no_audio_criterion(tmp_path) -> None:
     assert v.get("audio_playback") is None
 
 
+def test_the_html_report_draws_each_turn_and_its_audio_against_the_minimum(tmp_path) -> None:
+    """A realtime run's HTML report has a per-turn answers panel, an audio panel with the
+    min_audio_rtf line, and the server memory panel of a served kind; a text-only session
+    has no audio panel."""
+    from soakd.analysis import evaluate
+    from soakd.report.html import render_html
+
+    def html(cols: dict[str, Any]) -> str:
+        conn = connect(str(tmp_path / "h.db"))
+        try:
+            rid = store_run(conn, f"h{next(_ids)}", cols, workload_kind="realtime")
+            conn.commit()
+            return render_html(*evaluate(conn, rid))
+        finally:
+            conn.close()
+
+    page = html(_turns([2.0, 0.5, 3.0, 3.0]))
+    assert 'data-panel="turns"' in page and 'data-panel="audio"' in page
+    assert "min_audio_rtf 1" in page.split('data-panel="audio"')[1].split("</svg>")[0]
+    assert 'data-panel="server_mem"' in page  # a served kind, as openai
+    text_only = html(_turns([1.0] * 4, audio=False))
+    assert 'data-panel="turns"' in text_only and 'data-panel="audio"' not in text_only
+
+
 @pytest.mark.slow
 def test_a_voice_that_streams_slower_than_it_plays_fails_a_real_soak(db_path, server) -> None:
     """A realtime server whose 40 ms audio chunks come 150 ms apart: every turn's real-time

@@ -35,6 +35,7 @@ from soakd.analysis.chunks import judged_intervals
 from soakd.analysis.criteria.drops import loss_rates
 from soakd.analysis.losses import running_total
 from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
+from soakd.analysis.server import is_served
 from soakd.analysis.streams import streams_of
 from soakd.records import DECIDED, LOOK_EVENT, STAGE_COLUMNS, standings
 from soakd.report.html_numbers import numbers_html
@@ -206,6 +207,14 @@ def worst_stream(rows: list[dict[str, Any]]) -> int | None:
     """The stream every panel and the note name as the worst (``_worst_row``)."""
     w = _worst_row(rows)
     return None if w is None else int(w["stream"])
+
+
+#: a realtime session's per-turn series (label, RunData.turns column), in ms
+_TURN_SERIES: tuple[tuple[str, str], ...] = (
+    ("time to first delta", "ttfd_ms"),
+    ("done", "done_ms"),
+    ("delta interval p95", "delta_p95_ms"),
+)
 
 
 class _Panels:
@@ -640,6 +649,31 @@ class _Panels:
             return f'<p class="note" data-panel="{panel}">{escape(title)}: no data</p>'
         return self.chart(series, panel, title, "MB", y_zero=False)
 
+    def turns(self) -> list[str]:
+        """A realtime session's answered turns over time: time to first delta, to done and
+        the deltas' p95 interval per turn; with audio out, each turn's real-time factor
+        against ``criteria.min_audio_rtf``. None for other kinds."""
+        tr = self.data.turns
+        if not tr or not len(tr["t_capture"]):
+            return []
+        t = tr["t_capture"]
+        series = [
+            Series(label, t, tr[col], kind="points", color=_color(label))
+            for label, col in _TURN_SERIES
+            if np.isfinite(tr[col]).any()
+        ]
+        out = [self.chart(series, "turns", "Answers per turn (ms, from the question)", "ms")]
+        rtf = tr["audio_rtf"]
+        if np.isfinite(rtf).any():
+            c = self.v.get("audio_playback")
+            floor = c.threshold if c is not None and c.threshold is not None else 1.0
+            pts = [Series("audio real-time factor", t, rtf, kind="points",
+                          color=_color("audio real-time factor"))]  # fmt: skip
+            lines = [HLine(floor, f"min_audio_rtf {floor:g}")]
+            title = "Spoken answers: audio seconds per wall second (under the line: a stutter)"
+            out.append(self.chart(pts, "audio", title, "x real time", lines))
+        return out
+
     def util(self) -> str:
         """GPU and CPU utilisation as means over windows of at least ``_CPU_WINDOW_S``: one
         psutil reading over a 100-200 ms tick is quantised (0 or 10 % of a core), the mean
@@ -831,9 +865,10 @@ def render_html(data: RunData, verdict: Verdict) -> str:
                     "Model server memory (MB): floors, trend",
                 )
             ]
-            if m.workload_kind == "openai"
+            if is_served(m)
             else []
         ),
+        *p.turns(),
         p.util(),
         p.queue(),
         p.fps(),

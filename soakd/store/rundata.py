@@ -261,7 +261,9 @@ def load_error_messages(
 
 
 #: what a realtime session keeps of each answered turn, in its frame's ``extra``
-TURN_FIELDS: tuple[str, ...] = ("audio_s", "audio_rtf", "underruns")
+TURN_FIELDS: tuple[str, ...] = (
+    "ttfd_ms", "done_ms", "delta_p95_ms", "audio_s", "audio_rtf", "underruns",
+)  # fmt: skip
 
 
 def load_turn_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:
