@@ -30,6 +30,10 @@ mid-answer from turn N on), ``expire_s=S`` (the session ends after S s with an
 ``error {code: session_expired}`` and a close), ``max_tokens=N`` (tokens per answer, 6),
 ``audio_gap_ms=X`` (each answer's audio chunks, 40 ms each, X ms apart: over 40, a voice
 that streams slower than it plays).
+A ``session.update`` whose ``turn_detection`` (or ``audio.input.turn_detection``) is
+``{type = "server_vad"}`` turns on voice activity detection: loud input audio is speech
+(``input_audio_buffer.speech_started``), ``silence_duration_ms`` (300) of quiet after it ends
+it (``speech_stopped``, ``committed``) and the server answers unasked.
 ``--api-key KEY`` refuses handshakes without ``Authorization: Bearer KEY`` (HTTP 401).
 
 Run: ``python tests/realtime_test_server.py --port 0``; prints ``READY <port>`` once it listens.
@@ -53,6 +57,7 @@ from urllib.parse import parse_qsl, urlsplit
 import numpy as np
 
 KEEP_FRAMES = 4  # frames a healthy session keeps (it evicts older ones)
+VAD_RMS = 0.02  # server VAD: audio louder than this (RMS, full scale 1) is speech
 AUDIO_RATE = 24000
 AUDIO_PER_TOKEN_S = 0.04
 LEAKED: list[bytes] = []  # leak_kb: frames kept forever, process-wide
@@ -143,6 +148,8 @@ class Session:
         self.expire_s = q.get("expire_s", 0.0)
         self.max_tokens = int(q.get("max_tokens", 6))
         self.audio_gap_ms = q.get("audio_gap_ms", 0.0)
+        self.vad_silence_ms: float | None = None  # server VAD on: the silence that ends speech
+        self.speaking, self.silent_ms = False, 0.0
 
     async def send(self, ev: dict[str, Any]) -> None:
         ev.setdefault("event_id", "event_" + uuid.uuid4().hex[:12])
@@ -287,6 +294,26 @@ class Session:
         await self.ws.close(1000, "session expired")
         return True
 
+    async def vad(self, pcm: bytes) -> None:
+        """Server VAD (energy over VAD_RMS, 16 kHz PCM16): speech started, then stopped after
+        ``silence_duration_ms`` of quiet: the buffer committed and answered unasked."""
+        x = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float64) / 32768
+        loud = x.size > 0 and float(np.sqrt(np.mean(x * x))) > VAD_RMS
+        if loud:
+            self.silent_ms = 0.0
+            if not self.speaking:
+                self.speaking = True
+                await self.send({"type": "input_audio_buffer.speech_started", "item_id": "i"})
+            return
+        if not self.speaking:
+            return
+        self.silent_ms += x.size / 16000 * 1000
+        if self.silent_ms >= (self.vad_silence_ms or 0.0):
+            self.speaking = False
+            await self.send({"type": "input_audio_buffer.speech_stopped", "item_id": "i"})
+            await self.send({"type": "input_audio_buffer.committed", "item_id": "i"})
+            await self.answer()
+
     # --- client events
     async def on_realtime(self, ev: dict[str, Any]) -> None:
         t = ev.get("type")
@@ -295,10 +322,18 @@ class Session:
             self.audio_out = "audio" in (
                 sess.get("output_modalities") or sess.get("modalities") or ()
             )
+            td = sess.get("turn_detection") or (sess.get("audio") or {}).get("input", {}).get(
+                "turn_detection"
+            )
+            if isinstance(td, dict) and td.get("type") == "server_vad":
+                self.vad_silence_ms = float(td.get("silence_duration_ms", 300))
             await self.send({"type": "session.updated", "session": {"type": "realtime", **sess}})
         elif t == "input_audio_buffer.append":
-            self.audio += base64.b64decode(ev["audio"])
+            pcm = base64.b64decode(ev["audio"])
+            self.audio += pcm
             del self.audio[: max(0, len(self.audio) - 16000 * 2 * 30)]
+            if self.vad_silence_ms is not None:
+                await self.vad(pcm)
         elif t == "input_audio_buffer.commit":
             await self.send(
                 {

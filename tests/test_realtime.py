@@ -443,6 +443,36 @@ def test_a_profile_asks_about_each_frame_and_recommends_a_question_interval(tmp_
     assert 1 / (0.6 * answers) <= doc["question_every_s"] <= 1.1 / (0.6 * answers)
 
 
+def test_the_server_s_voice_activity_detection_opens_turns_timed_from_speech_stopped(
+    db_path, server, tmp_path
+):
+    """turn_detection = server_vad and spoken audio (0.5 s of tone, 0.7 s of quiet, looped):
+    the server answers each utterance unasked; each is a turn on its frame's row, timed
+    from speech stopped, with a server_turn event, and soakd asked nothing."""
+    from scipy.io import wavfile
+
+    rate = 16000
+    t = np.arange(int(0.5 * rate)) / rate
+    speech = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    wav = tmp_path / "speech.wav"
+    wavfile.write(wav, rate, np.concatenate([speech, np.zeros(int(0.7 * rate), "<i2")]))
+    result = soak(
+        db_path, url(server), "openai-realtime",
+        "workload.session={turn_detection = {type = 'server_vad', silence_duration_ms = 300}}",
+        "workload.question_every_s=3600", "workload.audio_chunk_ms=40",
+        "audio.kind='wav'", f"audio.path={str(wav)!r}", "audio.sample_rate=16000",
+        "run.duration=6",
+    )  # fmt: skip
+    assert result.status == "completed", result.reason
+    opened = events(db_path, result.run_id, "server_turn")
+    answered = rows(db_path, "SELECT infer_ms, json_extract(extra, '$.turn') FROM frames WHERE"
+                    " run_id = ? AND error IS NULL AND json_extract(extra, '$.turn') IS NOT"
+                    " NULL", result.run_id)  # fmt: skip
+    assert len(opened) >= 2 and len(answered) >= 2, (opened, answered)
+    assert all(ms is not None and ms > 0 for ms, _ in answered)
+    assert not events(db_path, result.run_id, "question")  # soakd asked nothing
+
+
 def test_audio_out_is_timed_as_a_listener_hears_it_and_audio_in_goes_in_chunks(db_path, server):
     """Audio out (40 ms of PCM16 a token): each turn has its audio seconds, real-time factor
     and underruns; the [audio] source goes out in audio_chunk_ms chunks, none dropped."""

@@ -34,7 +34,16 @@ from soakd.analysis import stats
 from soakd.analysis.chunks import judged_intervals
 from soakd.analysis.criteria.drops import loss_rates
 from soakd.analysis.losses import running_total
-from soakd.analysis.model import FAIL, MIB, PASS, CriterionResult, RunData, Verdict, age_window_s
+from soakd.analysis.model import (
+    FAIL,
+    MIB,
+    PASS,
+    CriterionResult,
+    RunData,
+    RunMeta,
+    Verdict,
+    age_window_s,
+)
 from soakd.analysis.server import is_served
 from soakd.analysis.streams import streams_of
 from soakd.records import DECIDED, LOOK_EVENT, STAGE_COLUMNS, standings
@@ -815,31 +824,10 @@ def _streams_note(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def render_html(data: RunData, verdict: Verdict) -> str:
-    """The whole report as one HTML document."""
-    m = data.meta
-    p = _Panels(data, verdict)
-    rows = []
-    for c in verdict.criteria:
-        cls = "na" if c.status == "n/a" else c.status
-        val = (
-            "–"
-            if c.value is None
-            else (f"{c.value:.2%}" if c.unit == "fraction" else f"{c.value:.4g}")
-        )
-        thr = (
-            "–"
-            if c.threshold is None
-            else (f"{c.threshold:.2%}" if c.unit == "fraction" else f"{c.threshold:.4g}")
-        )
-        rows.append(
-            f'<tr><td>{escape(c.criterion)}</td><td class="{cls}">'
-            f"{escape(c.status.upper())}</td><td>{val}</td><td>{thr}</td>"
-            f"<td>{escape(c.unit)}</td><td>{escape(row_detail(c))}</td></tr>"
-        )
-    notes = "".join(f"<li>warning: {escape(w)}</li>" for w in verdict.warnings)
-    notes += "".join(f"<li>hint: {escape(h)}</li>" for h in verdict.hints)
-    panels = [
+def _panels(p: _Panels, m: RunMeta) -> list[str]:
+    """Every panel of the report, in order (a served model's server memory, a realtime
+    session's turns only where they apply)."""
+    return [
         p.stages(),
         *p.chunk_stages(),
         p.age(),
@@ -874,6 +862,33 @@ def render_html(data: RunData, verdict: Verdict) -> str:
         p.fps(),
         p.convergence(),
     ]
+
+
+def render_html(data: RunData, verdict: Verdict) -> str:
+    """The whole report as one HTML document."""
+    m = data.meta
+    p = _Panels(data, verdict)
+    rows = []
+    for c in verdict.criteria:
+        cls = "na" if c.status == "n/a" else c.status
+        val = (
+            "–"
+            if c.value is None
+            else (f"{c.value:.2%}" if c.unit == "fraction" else f"{c.value:.4g}")
+        )
+        thr = (
+            "–"
+            if c.threshold is None
+            else (f"{c.threshold:.2%}" if c.unit == "fraction" else f"{c.threshold:.4g}")
+        )
+        rows.append(
+            f'<tr><td>{escape(c.criterion)}</td><td class="{cls}">'
+            f"{escape(c.status.upper())}</td><td>{val}</td><td>{thr}</td>"
+            f"<td>{escape(c.unit)}</td><td>{escape(row_detail(c))}</td></tr>"
+        )
+    notes = "".join(f"<li>warning: {escape(w)}</li>" for w in verdict.warnings)
+    notes += "".join(f"<li>hint: {escape(h)}</li>" for h in verdict.hints)
+    panels = _panels(p, m)
     title = f"soakd {verdict.status}: run {m.run_id}"
     head = (
         f"{escape(m.workload_kind or '?')} on {escape(m.device or 'cpu')}, "

@@ -36,6 +36,7 @@ import numpy as np
 from soakd.records import Frame, FrameRecord
 from soakd.run.drivers.context import DriverContext, StreamCounters
 from soakd.run.queue import StreamQueues
+from soakd.workloads.realtime.client import SERVER_TURN_EVENT
 
 #: rows held at most while their frame's turn is open (older ones are written as they are)
 MAX_HELD = 64
@@ -61,6 +62,7 @@ class _Driver:
         self.held: dict[int, _Held] = {}  # sent; the newest waits for a question
         self.newest: int | None = None
         self.turn_row: int | None = None  # the row the open question rides on
+        self.wanted: set[int] = set()  # rows a server turn rides on, not yet drained as sent
         self.first = True
         self.turns: list[dict[str, Any]] = []
         self.sent = 0
@@ -119,7 +121,8 @@ class _Driver:
             return
         self.sent += 1
         self._release_newest()
-        self.held[frame.id] = _Held(rec)
+        self.held[frame.id] = _Held(rec, turn=frame.id in self.wanted)
+        self.wanted.discard(frame.id)
         self.newest = frame.id
 
     def _release_newest(self) -> None:
@@ -199,6 +202,9 @@ class _Driver:
 
     def drain(self) -> None:
         sent, turns, life = self.wl.drain()
+        for kind, _msg, data in life:  # a turn the server opened rides on its frame's row
+            if kind == SERVER_TURN_EVENT:
+                self._server_turn(data.get("frame_id"))
         for s in sent:
             self._sent(s)
         for t in turns:
@@ -207,6 +213,17 @@ class _Driver:
         for kind, msg, data in life:
             ctx.event(ctx.make_event(kind, msg, data=data))
         ctx.counters.in_flight_since_ns = None
+
+    def _server_turn(self, fid: int | None) -> None:
+        """The server opened a turn about frame ``fid``: its row waits for the answer (held
+        now, or when the socket's taking it is drained)."""
+        if fid is None:
+            return
+        self.turn_row = fid
+        if fid in self.held:
+            self.held[fid].turn = True
+        else:
+            self.wanted.add(fid)
 
 
 def summarise(drivers: list[_Driver]) -> dict[str, Any]:

@@ -165,6 +165,10 @@ class Turn:
         return out
 
 
+#: a turn the server opened (voice activity detection): its question, and its event
+SERVER_TURN = "(the server's turn detection)"
+SERVER_TURN_EVENT = "server_turn"
+
 _DIRECT: dict[str, Any] | None = None  # connect()'s extra keyword, once known
 
 Life = tuple[str, str, dict[str, Any]]  # (event kind, message, data)
@@ -583,6 +587,8 @@ class RealtimeSession:
         with self._turn_lock:
             turn = self._turn
         if turn is None:
+            if p.kind == "speech_stopped" or (p.kind == "start" and not self._asks):
+                self._server_turn(t, p.kind)
             return
         if p.kind == "start" and turn.start_ns is None:
             turn.start_ns = t
@@ -590,6 +596,24 @@ class RealtimeSession:
             turn.delta(t, p.text, p.audio)
         elif p.kind == "done":
             self._done(turn, t, p)
+
+    def _server_turn(self, t: int, why: str) -> None:
+        """A turn the server opened (its voice activity detection heard the speaker stop, or
+        it began an answer unasked): timed from that event, about the newest frame sent."""
+        with self._turn_lock:
+            if self._turn is not None:
+                return
+            self._n_turns += 1
+            newest = self._newest
+            fid = newest[0] if newest else None
+            turn = Turn(self._n_turns, SERVER_TURN, t, fid, newest[1] if newest else None,
+                        self.s.output_audio_rate)  # fmt: skip
+            if why == "start":
+                turn.start_ns = t
+            self._turn = turn
+        what = "speech stopped" if why == "speech_stopped" else "an answer began unasked"
+        data = {"turn": turn.n, "frame_id": fid, "by": why}
+        self._life.put((SERVER_TURN_EVENT, f"server turn {turn.n}: {what}", data))
 
     def _done(self, turn: Turn, t: int, p: Parsed) -> None:
         turn.done_ns, turn.tokens = t, p.tokens

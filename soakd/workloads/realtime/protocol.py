@@ -8,7 +8,9 @@ server event means for the measurement (``Parsed``).
   ``response.create``. The server answers ``response.created``, text deltas
   (``response.output_text.delta``, the older ``response.text.delta``, the audio's
   transcript deltas, vLLM's ``transcription.delta``), ``response.output_audio.delta``
-  (base64 PCM16) and ``response.done`` with ``usage.output_tokens``.
+  (base64 PCM16) and ``response.done`` with ``usage.output_tokens``. With the server's
+  voice activity detection (``turn_detection`` in the session), the server opens a turn
+  itself: ``input_audio_buffer.speech_stopped`` is its question, the answer follows.
 * ``vllm-omni-video``: vLLM-Omni's Streaming Video Input API (``/v1/video/chat/stream``):
   ``session.config`` first, ``video.frame`` / ``audio.chunk`` (``data``: base64),
   ``video.query {text}``, ``video.done``; the server answers ``response.start``,
@@ -24,7 +26,9 @@ import binascii
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ParsedKind = Literal["ready", "start", "text", "audio", "done", "error", "ack", "other"]
+ParsedKind = Literal[
+    "ready", "start", "text", "audio", "done", "error", "ack", "speech_stopped", "other"
+]
 
 #: error codes (or close reasons) that say the server ended the session for its age
 EXPIRY_WORDS: tuple[str, ...] = ("expired", "expiry", "session_expired", "max_duration")
@@ -140,6 +144,8 @@ class OpenAIRealtime:
             return _error(ev)
         if t in ("conversation.item.created", "conversation.item.added"):
             return Parsed("ack")
+        if t == "input_audio_buffer.speech_stopped":  # server VAD: the speaker stopped
+            return Parsed("speech_stopped")
         return Parsed("other")
 
 
