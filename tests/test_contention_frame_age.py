@@ -6,7 +6,10 @@ through the store (tests/stored_runs.py), judged as ``soakd gate`` judges them."
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,6 +22,7 @@ from soakd.config import CriteriaSettings
 from soakd.observers.base import Progress
 from soakd.records import Event, FrameRecord, Sample
 from soakd.run.early_stop import EarlyStop
+from soakd.run.runner import run_soak
 from soakd.store import db as store
 
 from .stored_runs import healthy, judged, store_run
@@ -213,3 +217,41 @@ def test_a_rising_frame_age_stops_a_run_early_only_on_a_quiet_host() -> None:
     quiet = _watched((45.0, 160.0, 0.0))
     assert len(quiet) == 1 and quiet[0].startswith("frame_age: rising "), quiet
     assert _watched((100.0, 10.0, 0.0)) == []
+
+
+#: a spinner at the lowest priority: a busy loop that ends itself after 40 s (the test also
+#: ends it); it takes every CPU cycle soakd leaves, so soakd starts as fast as without it
+_SPIN = (
+    "import os, time\nos.nice(19)\nend = time.monotonic() + 40\nwhile time.monotonic() < end: pass"
+)
+
+
+@pytest.mark.slow
+def test_a_backlog_beside_cpu_spinners_is_not_stopped_early_on_frame_age(synthetic) -> None:
+    """A real soak of the backlog that stops a run early on frame age (consume oldest, a
+    52 ms model at 20 fps), with ``stop_on_fail`` at the default ``contended_cpu_pct``,
+    while three spinners per CPU (niced) hold the host: the sampler's own ticks show it contended,
+    so frame age never stops it; it runs its 10 s and the verdict decides (never PASS)."""
+    ncpu = os.cpu_count() or 1
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(3 * ncpu)]
+    try:
+        res = run_soak(synthetic(
+            "run.stop_on_fail=true", "run.duration=10", "run.consume='oldest'",
+            "run.max_queue=4096", "source.width=8", "source.height=8", "workload.infer_ms=50",
+            "workload.pre_ms=1", "workload.decode_ms=1",
+            "criteria.max_memory_growth_mb_per_min=1000", "criteria.contended_cpu_pct=75",
+        ))  # fmt: skip
+    finally:
+        for s in spinners:
+            s.kill()
+        for s in spinners:
+            s.wait(10)
+    with sqlite3.connect(synthetic().run.db) as conn:
+        stops = conn.execute(
+            "SELECT json_extract(data, '$.criterion') FROM events WHERE kind = 'early_stop'"
+        ).fetchall()
+    assert ("frame_age",) not in stops, (stops, res.reason)
+    age = res.verdict.get("frame_age")
+    assert age is not None and age.status in ("invalid", "fail"), age
+    if age.status == "invalid":
+        assert age.detail.startswith("the host was contended: "), age.detail
