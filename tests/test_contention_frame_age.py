@@ -140,6 +140,18 @@ def test_a_rise_the_quiet_frames_show_too_still_fails(conn) -> None:
     assert c.evidence["contention"]["quiet_fails"], c.evidence["contention"]
 
 
+def test_a_model_slower_than_its_frame_period_is_not_excused_by_contention(conn) -> None:
+    """The rise only in the contended bursts, but a 120 ms median frame at 10 fps: the rate,
+    not the host, ages its frames on any host, so frame_age FAILs, as drops would."""
+    cols = healthy(DUR, FPS, WARM)
+    cols["frame_age_ms"] = _ages("burst_rise")
+    cols["infer_ms"] = cols["infer_ms"] + 100.0
+    cols["total_ms"] = cols["total_ms"] + 100.0
+    c = _run(conn, cols, BUSY).get("frame_age")
+    assert c is not None and c.status == "fail", c
+    assert "contention" not in c.evidence, c.evidence
+
+
 def test_a_p95_over_its_limit_only_while_contended_is_invalid_on_a_quiet_host_fail(conn) -> None:
     """Ages 30 ms older in the bursts, ``max_age_p95_ms = 20``: INVALID when other
     processes held 95 % of the CPU then (the frames over the limit named), FAIL quiet."""

@@ -42,6 +42,17 @@ def other_cpu_pct(data: RunData) -> np.ndarray:
     )
 
 
+def outpaced(data: RunData, measured: np.ndarray) -> bool:
+    """Whether the model's median frame (``total_ms`` of the ``measured`` rows) does not fit
+    the frame period (1000 / fps): then the rate, not the host, loses and ages the frames,
+    on any host, and contention excuses neither (False without a rate or a total)."""
+    total = data.frame("total_ms")[measured]
+    fps = data.meta.fps
+    if not fps or not np.isfinite(total).any():
+        return False
+    return bool(np.nanmedian(total) >= 1000.0 / fps)
+
+
 def contended(others: np.ndarray | float, pct: float) -> np.ndarray:
     """Which shares ``others`` (% of the CPUs other processes held) are contended: ``pct``
     or more, with the rule on (``pct`` under ``OFF_PCT``); NaN (no tick) never is."""

@@ -93,9 +93,9 @@ def contention(
     never excused. None when the rule is off, the host was not sampled or the model's median
     frame does not fit the frame period (then the rate, not the host, loses the frames)."""
     d = ctx.data
-    total = d.frame("total_ms")[ctx.measured]
-    fps = d.meta.fps
-    if not fps or not np.isfinite(total).any() or np.nanmedian(total) >= 1000.0 / fps:
+    if not d.meta.fps or not np.isfinite(d.frame("total_ms")[ctx.measured]).any():
+        return None
+    if host.outpaced(d, ctx.measured):
         return None
     half = rates.width_s / 2
     h = host.during(d, rates.t - half, rates.t + half, ctx.crit.contended_cpu_pct)

@@ -207,8 +207,11 @@ def _against_host(
     """A frame-age FAIL against the host (``t``, ``y``: every measured frame's dispatch time
     and age, so it waited from ``t - y`` to ``t``): the frames that waited while the host
     was contended are set aside and the rule judges the rest. Their problems still FAIL
-    (the detail counts the contended frames); none: INVALID, with the figures."""
+    (the detail counts the contended frames); none: INVALID, with the figures. A model
+    whose median frame does not fit the frame period is not excused (``outpaced``)."""
     c = ctx.crit
+    if host.outpaced(ctx.data, ctx.measured):
+        return res  # the rate, not the host, ages the frames: a backlog on any host
     ok = np.isfinite(y)
     h = host.during(ctx.data, (t - y / 1e3)[ok], t[ok], c.contended_cpu_pct)
     if h is None or not h.busy.any():
