@@ -1,7 +1,50 @@
-"""Issue 35's mutants of host contention (filled in by its part of the work)."""
+"""Issue 31's mutants of host contention: which frames, windows and ticks a contended host
+excuses (soakd/analysis/contention.py, the one definition every criterion reads) and what
+each criterion makes of them. Each is a bug that would blame the host on the model (a false
+FAIL) or the model on the host (INVALID or PASS where a quiet host FAILs). Every name ends
+"(#31 contention)": ``--only "(#31 contention)"`` runs just these."""
 
 from __future__ import annotations
 
 from bench.mutants.base import Mutant
 
-MUTANTS: tuple[Mutant, ...] = ()
+HOST = "soakd/analysis/contention.py"
+CR = "soakd/analysis/criteria/"
+AGE = "tests/test_contention_frame_age.py"
+RULES = "tests/test_verdict_rules.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # the one definition
+    Mutant("a share exactly at contended_cpu_pct read as quiet (#31 contention)", HOST,
+           "return np.isfinite(o) & (o >= pct)", "return np.isfinite(o) & (o > pct)", (AGE,)),
+    Mutant("soakd's own CPU counted as other processes' (#31 contention)", HOST,
+           "own_cores = np.nan_to_num(own) + np.nan_to_num(server)",
+           "own_cores = np.nan_to_num(server)", (AGE,)),
+    Mutant("the served model's CPU counted as other processes' (#31 contention)", HOST,
+           "own_cores = np.nan_to_num(own) + np.nan_to_num(server)",
+           "own_cores = np.nan_to_num(own)", (AGE,)),
+    # frame age
+    Mutant("frame age judges the contended frames as the quiet ones (#31 contention)",
+           CR + "frame_age.py", "quiet[ok] = h.quiet", "quiet[ok] = h.busy", (AGE,)),
+    Mutant("a frame age only contention fails reads PASS, not INVALID (#31 contention)",
+           CR + "frame_age.py", "res.status, res.detail = INVALID,",
+           "res.status, res.detail = PASS,", (AGE,)),
+    Mutant("frame age on a contended host never judges its quiet frames (#31 contention)",
+           CR + "frame_age.py", "    if problems:\n        res.detail +=",
+           "    if False:\n        res.detail +=", (AGE,)),
+    Mutant("a model slower than its frame period excused by contention (#31 contention)",
+           CR + "frame_age.py", "    if host.outpaced(ctx.data, ctx.measured):\n        return res",
+           "    if False:\n        return res", (AGE,)),
+    Mutant("the running frame-age look stops a run on a contended host (#31 contention)",
+           CR + "frame_age.py", "if live.generates or live.contended_ticks:",
+           "if live.generates:", (AGE,)),
+    # the other criteria read the same definition
+    Mutant("jitter judges the contended frames as the quiet ones (#31 contention)",
+           CR + "jitter.py", "busy, quiet = h.busy, h.quiet", "busy, quiet = h.quiet, h.busy",
+           (AGE,)),
+    Mutant("drops judges the contended windows' loss rate as the quiet one (#31 contention)",
+           CR + "drops.py", "quiet = has & h.quiet", "quiet = has & h.busy", (AGE,)),
+    Mutant("stage_trend never sees the contended ticks (#31 contention)",
+           CR + "stage_trend.py", "share = h.share() if h is not None else 0.0",
+           "share = 0.0", (RULES,)),
+)  # fmt: skip

@@ -1,26 +1,111 @@
 """Host contention, from soakd's own telemetry: how much of the host's CPUs other processes
-held at each sampler tick, and which frames ran while they held most of them.
+held at each sampler tick, and which frames, windows or ticks were **contended** (the one
+definition every criterion that excuses the host reads: jitter, drops, frame_age,
+stage_trend, and the running frame-age look).
 
 "Other processes" are the host's busy CPU (``host_cpu_pct``: every CPU, % of all of them)
 less soakd's own process (``cpu_pct``, % of one core: the in-process model included) and,
 for a served model, the server's process tree (``server_cpu_pct``): what is left is CPU the
 model under test did not use. A tick covers the time since the tick before it, so a frame
-ran under the ticks from the one at or after its start to the one at or after its end.
+ran under the ticks from the one at or after its start to the one at or after its end. An
+interval is contended when other processes held ``criteria.contended_cpu_pct`` % of the
+CPUs or more over it (the mean of its ticks); 100 turns the rule off.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from soakd.analysis.model import RunData
 
+#: ``criteria.contended_cpu_pct`` at this value turns the rule off: every frame is the model's
+OFF_PCT = 100.0
+
+
+def others_pct(
+    host: np.ndarray | float, own: np.ndarray | float, server: np.ndarray | float, ncpu: float
+) -> np.ndarray:
+    """% of the host's CPUs busy with processes other than soakd's and the served model's,
+    from the host's busy share (% of all CPUs) and soakd's and the server's CPU (% of one
+    core each; NaN read as 0); NaN where the host was not sampled. Scalars or arrays."""
+    own_cores = np.nan_to_num(own) + np.nan_to_num(server)
+    return np.clip(np.asarray(host, dtype=np.float64) - own_cores / ncpu, 0.0, 100.0)
+
 
 def other_cpu_pct(data: RunData) -> np.ndarray:
-    """Per telemetry sample: % of the host's CPUs busy with processes other than soakd's and
-    the served model's (NaN where the host was not sampled)."""
+    """Per telemetry sample: ``others_pct`` of the run's ticks."""
     ncpu = data.meta.fact("cpu_count") or 1.0
-    own = np.nan_to_num(data.sample("cpu_pct")) + np.nan_to_num(data.sample("server_cpu_pct"))
-    return np.clip(data.sample("host_cpu_pct") - own / ncpu, 0.0, 100.0)
+    return others_pct(
+        data.sample("host_cpu_pct"), data.sample("cpu_pct"), data.sample("server_cpu_pct"), ncpu
+    )
+
+
+def outpaced(data: RunData, measured: np.ndarray) -> bool:
+    """Whether the model's median frame (``total_ms`` of the ``measured`` rows) does not fit
+    the frame period (1000 / fps): then the rate, not the host, loses and ages the frames,
+    on any host, and contention excuses neither (False without a rate or a total)."""
+    total = data.frame("total_ms")[measured]
+    fps = data.meta.fps
+    if not fps or not np.isfinite(total).any():
+        return False
+    return bool(np.nanmedian(total) >= 1000.0 / fps)
+
+
+def contended(others: np.ndarray | float, pct: float) -> np.ndarray:
+    """Which shares ``others`` (% of the CPUs other processes held) are contended: ``pct``
+    or more, with the rule on (``pct`` under ``OFF_PCT``); NaN (no tick) never is."""
+    o = np.asarray(others, dtype=np.float64)
+    if pct >= OFF_PCT:
+        return np.zeros(o.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(o) & (o >= pct)
+
+
+class Contention(NamedTuple):
+    """Intervals (frames, windows or ticks) against the host: others' share over each
+    (``others``, NaN where no tick covers it) and which were contended (``busy``)."""
+
+    pct: float
+    others: np.ndarray
+    busy: np.ndarray
+
+    @property
+    def quiet(self) -> np.ndarray:
+        """The intervals judged as the model's: not contended (NaN ones included)."""
+        return ~self.busy
+
+    def share(self) -> float:
+        """The contended intervals' share of those the host telemetry covers."""
+        seen = np.isfinite(self.others)
+        return float(self.busy[seen].mean()) if seen.any() else 0.0
+
+    def median(self, mask: np.ndarray) -> float | None:
+        """Others' median share over the intervals of ``mask`` (None: none covered)."""
+        v = self.others[mask & np.isfinite(self.others)]
+        return float(np.median(v)) if v.size else None
+
+
+def _judged(pct: float, others: np.ndarray) -> Contention | None:
+    """``others`` against ``pct`` (None: the rule off, or no share known)."""
+    if pct >= OFF_PCT or not np.isfinite(others).any():
+        return None
+    return Contention(pct, others, contended(others, pct))
+
+
+def during(data: RunData, start: np.ndarray, end: np.ndarray, pct: float) -> Contention | None:
+    """The intervals ``start`` .. ``end`` (seconds since the run's start) against the host
+    (``others_during``). None when the rule is off or no tick covers any of them (a run of
+    an older soakd, which did not sample the host)."""
+    return _judged(pct, others_during(data, start, end))
+
+
+def ticks(data: RunData, t0: float, t1: float, pct: float) -> Contention | None:
+    """The telemetry ticks of the window ``t0`` .. ``t1`` against the host (None: the rule
+    off, or no host sample in it)."""
+    t, others = data.samples["t"], other_cpu_pct(data)
+    return _judged(pct, others[(t >= t0) & (t <= t1) & np.isfinite(others)])
 
 
 def others_during(data: RunData, start: np.ndarray, end: np.ndarray) -> np.ndarray:

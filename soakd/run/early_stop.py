@@ -8,7 +8,9 @@ snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default fal
 ``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
 ``max_drop_fraction`` of every tick the planned run can have, a memory floor or the frame
 age (its window medians, ``Live.add_age``) rising significantly at the alpha a
-Pocock-type spending function gives this look (``criteria.base.look_alpha``). The
+Pocock-type spending function gives this look (``criteria.base.look_alpha``; frame age not
+once a tick since the warm-up saw the host contended, ``Live.contended_ticks``: the verdict
+sets those frames aside, a look cannot). The
 ``abort_on_fail`` thresholds are asked always. The first that fails stores an
 ``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
 criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from soakd.analysis import contention
 from soakd.analysis.criteria.base import (
     EARLY_STOP_EVENT,
     EarlyFail,
@@ -41,6 +45,8 @@ from soakd.records import Event, FrameRecord, Sample, ServerMetric
 
 #: the telemetry columns the running criteria read: soakd's memory and a served model's
 _SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_METRICS))
+#: what tells other processes' share of the host's CPUs (soakd.analysis.contention)
+_HOST_COLUMNS = ("host_cpu_pct", "cpu_pct", "server_cpu_pct")
 #: the stage times jitter judges (infer, or a session's output latency when untimed)
 _JITTER_COLUMNS = ("infer_ms", "output_latency_ms")
 #: a served model's queue metrics (summed over their label sets at each tick)
@@ -111,6 +117,7 @@ class EarlyStop(Observer):
         live = self.live
         if live.t0 is None or sample.t < live.t0:
             return
+        self._host(sample.values)
         if live.samples is not None:
             values = sample.values
             live.samples.append([sample.t, *(_num(values.get(c)) for c in _SAMPLE_COLUMNS)])
@@ -120,6 +127,17 @@ class EarlyStop(Observer):
             v = sample.values.get(col)
             if v is not None:
                 _series(live.values, col).append(float(v))
+
+    def _host(self, values: dict[str, Any]) -> None:
+        """Count a tick that sampled the host, and whether it was contended (other
+        processes held ``contended_cpu_pct`` of its CPUs: soakd.analysis.contention)."""
+        host, own, server = (_num(values.get(c)) for c in _HOST_COLUMNS)
+        others = float(contention.others_pct(host, own, server, self.live.cpus))
+        if math.isfinite(others):
+            self.live.host_ticks += 1
+            self.live.contended_ticks += bool(
+                contention.contended(others, self.crit.contended_cpu_pct)
+            )
 
     def _count_losses(self) -> None:
         """Dropped and stale since t0, every stream's running counters less their value at
@@ -234,7 +252,8 @@ def watch_early_stop(
     # what it loads (~60 MB, some of it on first use) lands there and not in the measured
     # RSS as a step mid-run
     _rehearse(crit, asked)
-    live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams)
+    live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams,
+                cpus=float(os.cpu_count() or 1))  # fmt: skip
     # the live telemetry, allocated and written now (before the warm-up), never grown
     live.samples = LiveTable(("t", *_SAMPLE_COLUMNS))
     live.server = LiveTable(("t", *_SERVER_COLUMNS), floor=False)

@@ -238,6 +238,11 @@ class Live:
     #: windows' centres and medians, so a ten-hour run keeps at most MAX_WINDOWS of them
     age_t: list[float] = field(default_factory=list)
     age_ms: list[float] = field(default_factory=list)
+    #: the host's CPUs (other processes' share is of all of them: soakd.analysis.contention)
+    cpus: float = 1.0
+    #: post-warm-up telemetry ticks that sampled the host, and those of them contended
+    host_ticks: int = 0
+    contended_ticks: int = 0
     _age_open: list[float] = field(default_factory=list)
     _age_index: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

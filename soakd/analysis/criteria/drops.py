@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis import contention as host
 from soakd.analysis import stats
-from soakd.analysis.contention import others_during
 from soakd.analysis.criteria.base import Context, EarlyFail, Live, trend_fields
 from soakd.analysis.losses import Losses, count_losses
 from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult, RunData, age_window_s
@@ -85,25 +85,25 @@ def window_losses(
 def contention(
     ctx: Context, rates: stats.Windows, lost: np.ndarray, cap: np.ndarray, loss: Losses
 ) -> dict[str, Any] | None:
-    """The lost frames against the host: the windows in which other processes held
-    ``contended_cpu_pct`` or more of the host's CPUs (the mean over the window's ticks), the
-    loss rate of the others (``quiet_rate``) and the fraction the model would have lost at
-    that rate (``quiet_fraction``), the losses no window holds (missed ticks, frames left at
-    the end) counted whole: a pause or a hang is never excused. None when the host was not
-    sampled or the model's median frame does not fit the frame period (then the rate, not
-    the host, loses the frames)."""
+    """The lost frames against the host: the windows in which it was contended (other
+    processes held ``contended_cpu_pct`` or more of its CPUs over the window's ticks:
+    soakd.analysis.contention), the loss rate of the others (``quiet_rate``) and the
+    fraction the model would have lost at that rate (``quiet_fraction``), the losses no
+    window holds (missed ticks, frames left at the end) counted whole: a pause or a hang is
+    never excused. None when the rule is off, the host was not sampled or the model's median
+    frame does not fit the frame period (then the rate, not the host, loses the frames)."""
     d = ctx.data
-    total = d.frame("total_ms")[ctx.measured]
-    fps = d.meta.fps
-    if not fps or not np.isfinite(total).any() or np.nanmedian(total) >= 1000.0 / fps:
+    if not d.meta.fps or not np.isfinite(d.frame("total_ms")[ctx.measured]).any():
+        return None
+    if host.outpaced(d, ctx.measured):
         return None
     half = rates.width_s / 2
-    others = others_during(d, rates.t - half, rates.t + half)
-    if not np.isfinite(others).any():
+    h = host.during(d, rates.t - half, rates.t + half, ctx.crit.contended_cpu_pct)
+    if h is None:
         return None
     has = np.isfinite(cap)
-    busy = has & (others >= ctx.crit.contended_cpu_pct)
-    quiet = has & ~busy
+    busy = has & h.busy
+    quiet = has & h.quiet
     windowed = float(np.nansum(lost[has]))
     unwindowed = max(float(loss.lost) - windowed, 0.0)
     cap_q = float(np.nansum(cap[quiet]))
@@ -118,7 +118,7 @@ def contention(
         "lost_unwindowed": unwindowed,
         "windows_contended": int(busy.sum()),
         "windows_quiet": int(quiet.sum()),
-        "others_contended_pct": float(np.median(others[busy])) if busy.any() else None,
+        "others_contended_pct": h.median(busy),
         "quiet_rate": rate_q if cap_q > 0 else None,
         "quiet_fraction": frac_q,
         "quiet_fails": frac_q > ctx.crit.max_drop_fraction,
@@ -183,7 +183,7 @@ def judge_drops(ctx: Context) -> CriterionResult:
     detail = f"{loss.lost:.0f} of {loss.ticks:.0f} frames lost ({loss.words()})"
     if accelerating and end_rate:
         detail += f"; drop rate rising, {end_rate:.1%} by the end"
-    if status == FAIL and not dg and c.contended_cpu_pct < 100:  # 100: off
+    if status == FAIL and not dg:
         cn = contention(ctx, rates, lost_w, cap_w, loss)
         ev["contention"] = cn
         if cn is not None and not cn["quiet_fails"]:

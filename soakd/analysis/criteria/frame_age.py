@@ -1,5 +1,10 @@
 """Frame age (capture to result): its p95 under a ceiling and no rising trend; a queue backlog
 (``consume = "oldest"``) named as the cause when it grows; a generator's output intervals.
+
+A host contended by other processes is never blamed on the model: when frame age FAILs, the
+frames captured while the host was contended (soakd.analysis.contention) are set aside and
+the rule judges the rest. A rise, a p95 or a backlog among those still FAILs; when only the
+contended frames fail it, the criterion is INVALID ("the host was contended"), never PASS.
 """
 
 from __future__ import annotations
@@ -8,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis import contention as host
 from soakd.analysis import stats
 from soakd.analysis.criteria.base import (
     Context,
@@ -51,17 +57,22 @@ def _first_emit_evidence(ctx: Context) -> dict[str, float]:
     return {"first_emit_ms_median": float(np.median(fe)), "first_emit_ms_max": float(fe.max())}
 
 
-def _backlog(ctx: Context, t: np.ndarray, w: float) -> dict[str, Any] | None:
+def _backlog(
+    ctx: Context, t: np.ndarray, w: float, keep: np.ndarray | None = None
+) -> dict[str, Any] | None:
     """With ``consume = "oldest"``: the trend of the queue length (window medians on the
     dispatch axis, plus the frames still queued at the end) and the frame-age slope it
     implies (frames per second x the frame period). A growing backlog keeps aging frames
-    that are never dispatched, so measured frame age alone would understate it."""
+    that are never dispatched, so measured frame age alone would understate it. ``keep``:
+    the measured frames to read (default all)."""
     d = ctx.data
     fps = d.meta.fps
     if d.meta.setting("run", "consume") != "oldest" or not fps:
         return None
     q = d.frame("queue_len")[ctx.measured]
     ok = np.isfinite(q) & np.isfinite(t)
+    if keep is not None:
+        ok &= keep
     if not ok.any():
         return None
     return _backlog_trend(ctx, stats.window_reduce(t[ok], q[ok], w, t0=ctx.t0, t1=ctx.t1))
@@ -158,6 +169,7 @@ def judge_frame_age(ctx: Context) -> CriterionResult:
             detail=f"no {'intervals' if generator else 'frame ages'} measured",
         )
     backlog = None if generator else _backlog(ctx, t, age_window_s(ctx.span, d.meta.fps))
+    t_all, y_all = t, y
     t, y = t[ok], y[ok]
     # windows hold ~10 values: of frames for frame age, of intervals for a generator (many
     # intervals per request, so the request rate would make the windows far too long)
@@ -165,7 +177,103 @@ def judge_frame_age(ctx: Context) -> CriterionResult:
     w = age_window_s(ctx.span, rate)
     win = stats.window_reduce(t, y, w, t0=ctx.t0, t1=ctx.t1)
     levels = (float(np.median(y)), float(np.percentile(y, 95)), float(y.max()))
-    return age_result(ctx, (name, title, what), win, levels, backlog, rate)
+    res = age_result(ctx, (name, title, what), win, levels, backlog, rate)
+    if res.status == FAIL and not generator:
+        return _against_host(ctx, res, t_all, y_all, w)
+    return res
+
+
+def _quiet_fails(
+    ctx: Context, t: np.ndarray, y: np.ndarray, w: float, keep: np.ndarray
+) -> tuple[list[str], dict[str, Any]]:
+    """The rule on the frames of ``keep`` alone (``t``, ``y``: every measured frame's
+    dispatch time and age): its problems (none: they pass) and their figures."""
+    ok = keep & np.isfinite(y)
+    if not ok.any():
+        return [], {}
+    c = ctx.crit
+    win = stats.window_reduce(t[ok], y[ok], w, t0=ctx.t0, t1=ctx.t1)
+    has = win.nonempty()
+    tr = stats.trend(win.t[has], win.median[has], c.alpha)
+    call = call_trend(tr, win.t[has], win.median[has], c.alpha, c.max_age_slope_ms_per_min / 60)
+    med, p95 = float(np.median(y[ok])), float(np.percentile(y[ok], 95))
+    problems = _age_problems(ctx, call, tr, p95, _backlog(ctx, t, w, keep))
+    return problems, {"quiet_median_ms": med, "quiet_p95_ms": p95,
+                      "quiet_slope_ms_per_min": tr.slope * 60, "quiet_p_value": tr.p}  # fmt: skip
+
+
+def _against_host(
+    ctx: Context, res: CriterionResult, t: np.ndarray, y: np.ndarray, w: float
+) -> CriterionResult:
+    """A frame-age FAIL against the host (``t``, ``y``: every measured frame's dispatch time
+    and age, so it waited from ``t - y`` to ``t``): the frames that waited while the host
+    was contended are set aside and the rule judges the rest. Their problems still FAIL
+    (the detail counts the contended frames); none: INVALID, with the figures. A model
+    whose median frame does not fit the frame period is not excused (``outpaced``)."""
+    c = ctx.crit
+    if host.outpaced(ctx.data, ctx.measured):
+        return res  # the rate, not the host, ages the frames: a backlog on any host
+    ok = np.isfinite(y)
+    h = host.during(ctx.data, (t - y / 1e3)[ok], t[ok], c.contended_cpu_pct)
+    if h is None or not h.busy.any():
+        return res
+    quiet = ok.copy()
+    quiet[ok] = h.quiet
+    problems, figures = _quiet_fails(ctx, t, y, w, quiet)
+    p95, limit = res.evidence["p95_ms"], c.max_age_p95_ms
+    over_limit = limit is not None and p95 > limit
+    cut = limit if over_limit and limit is not None else p95
+    aged = y[ok] > cut
+    n_aged, n_busy = int(aged.sum()), int((aged & h.busy).sum())
+    cn: dict[str, Any] = {
+        "contended_cpu_pct": c.contended_cpu_pct,
+        "frames_contended": int(h.busy.sum()),
+        "frames_quiet": int(quiet.sum()),
+        "aged_over_ms": cut,
+        "aged_over": "max_age_p95_ms" if over_limit else "p95",
+        "aged": n_aged,
+        "aged_contended": n_busy,
+        "aged_contended_share": n_busy / n_aged if n_aged else None,
+        "others_at_aged_pct": h.median(aged),
+        "others_elsewhere_pct": h.median(~aged),
+        "quiet_problems": problems,
+        "quiet_fails": bool(problems),
+        **figures,
+    }
+    res.evidence["contention"] = cn
+    if problems:
+        res.detail += (
+            f"; {cn['frames_contended']} frame(s) waited while other processes held >= "
+            f"{c.contended_cpu_pct:g} % of the CPUs, the others fail the rule alone "
+            f"({'; '.join(problems)})"
+        )
+        return res
+    res.status, res.detail = INVALID, f"{_contended_detail(cn)}; {res.detail}"
+    return res
+
+
+def _contended_detail(cn: dict[str, Any]) -> str:
+    """Why a failing frame age is INVALID: the aged frames' share under contention, with
+    the figures."""
+    at, rest = cn["others_at_aged_pct"], cn["others_elsewhere_pct"]
+    figures = f"median {at:.0f} % at them" if at is not None else ""
+    if rest is not None:
+        figures += f"{', ' if figures else ''}{rest:.0f} % at the other frames"
+    over = "the p95 limit" if cn["aged_over"] == "max_age_p95_ms" else "the run's p95"
+    share = cn["aged_contended_share"]
+    quiet = (
+        f"the {cn['frames_quiet']} frame(s) outside it pass (median "
+        f"{cn['quiet_median_ms']:.4g} ms, p95 {cn['quiet_p95_ms']:.4g} ms, slope "
+        f"{cn['quiet_slope_ms_per_min']:+.3g} ms/min)"
+        if cn["frames_quiet"]
+        else "no frame waited outside it"
+    )
+    return (
+        f"the host was contended: {share or 0:.0%} of the {cn['aged']} frame(s) older than "
+        f"{cn['aged_over_ms']:.4g} ms ({over}) waited while other processes held >= "
+        f"{cn['contended_cpu_pct']:g} % of the CPUs ({figures}); {quiet}: soak on a quiet "
+        "host or pin CPUs"
+    )
 
 
 def _age_streamed(ctx: Context, dg: FrameDigest) -> CriterionResult:
@@ -246,8 +354,11 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     share of alpha (spent over the planned run, ``criteria.base.look_alpha``), tested as
     the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
     backlog that keeps growing stops the run without waiting for its planned end. A
-    generator's frames are judged on their output intervals, not on frame age: not asked."""
-    if live.generates:
+    generator's frames are judged on their output intervals, not on frame age: not asked.
+    Nor once a tick since the warm-up saw the host contended (``Live.contended_ticks``): the
+    verdict sets the frames that waited then aside (``_against_host``), a look cannot, so
+    the run goes on and the verdict decides."""
+    if live.generates or live.contended_ticks:
         return None
     alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
     if alpha is None:

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from soakd.analysis import contention as host
 from soakd.analysis import stats
 from soakd.analysis.chunks import judged_intervals
-from soakd.analysis.contention import others_during
 from soakd.analysis.criteria.base import (
     Context,
     EarlyFail,
@@ -140,17 +140,16 @@ def _fails(n_over: int, allowed: int, periodic: bool) -> bool:
 
 
 def contention(ctx: Context, s: JitterSeries, cut: float) -> dict[str, Any] | None:
-    """The spikes (values over ``cut``) against the host: which ran while other processes
-    held ``contended_cpu_pct`` or more of the host's CPUs (any tick covering the frame), and
-    whether the rule still fails on the other frames alone (``quiet_fails``). None when the
-    host was not sampled (a run of an older soakd)."""
+    """The spikes (values over ``cut``) against the host: which ran while the host was
+    contended (soakd.analysis.contention), and whether the rule still fails on the other
+    frames alone (``quiet_fails``). None when the rule is off or the host was not sampled
+    (a run of an older soakd)."""
     c = ctx.crit
-    others = others_during(ctx.data, s.start, s.end)
-    if not np.isfinite(others).any():
+    h = host.during(ctx.data, s.start, s.end, c.contended_cpu_pct)
+    if h is None:
         return None
-    busy = others >= c.contended_cpu_pct  # NaN (no tick covers it): not shown busy
+    busy, quiet = h.busy, h.quiet
     over = s.y > cut
-    quiet = ~busy
     over_q = over[quiet]
     n_q, n_over_q = int(quiet.sum()), int(over_q.sum())
     allowed_q = jitter_allowed(c, n_q)
@@ -160,20 +159,15 @@ def contention(ctx: Context, s: JitterSeries, cut: float) -> dict[str, Any] | No
     # spikes as often off contention as on it is not excused by a few quiet frames
     rate = jitter_allowed(c, s.y.size) / s.y.size
     p_rate = _rate_p(n_over_q, n_q, rate)
-
-    def median(mask: np.ndarray) -> float | None:
-        v = others[mask & np.isfinite(others)]
-        return float(np.median(v)) if v.size else None
-
     return {
         "contended_cpu_pct": c.contended_cpu_pct,
         "spikes": n_over,
         "spikes_contended": n_busy,
         "spikes_contended_share": n_busy / n_over if n_over else None,
-        "others_at_spikes_pct": median(over),
-        "others_elsewhere_pct": median(~over),
+        "others_at_spikes_pct": h.median(over),
+        "others_elsewhere_pct": h.median(~over),
         "frames_contended": int(busy.sum()),
-        "frames_quiet": int(quiet.sum()),
+        "frames_quiet": n_q,
         "quiet_exceed_count": n_over_q,
         "quiet_exceed_allowed": allowed_q,
         "quiet_exceed_periodic": periodic_q,
@@ -315,7 +309,7 @@ def judge_jitter(ctx: Context, history: Sequence[float]) -> CriterionResult:
     warnings = [k_note] if c.jitter_k == "history" and "default" in k_note else []
     # the k-th largest frame over k x median (and the floor): more frames over it than allowed
     failing = kth > max(k * med, floor) or (ex["exceed_count"] >= 4 and ex["exceed_periodic"])
-    if failing and src is not None and c.contended_cpu_pct < 100:  # 100: off
+    if failing and src is not None:
         cn = contention(ctx, src, max(k * med, floor))
         ev["contention"] = cn
     status = FAIL if failing else PASS

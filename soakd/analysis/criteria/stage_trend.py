@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis import contention as host
 from soakd.analysis import stats
-from soakd.analysis.contention import other_cpu_pct
 from soakd.analysis.criteria.base import Context, call_trend, span_to_test
 from soakd.analysis.model import FAIL, INVALID, MAX_WINDOWS, NA, PASS, CriterionResult
 from soakd.records import STAGE_COLUMNS
@@ -169,18 +169,12 @@ CONTENDED_SHARE = 0.1
 
 
 def _contended_share(ctx: Context) -> float | None:
-    """The share of the measured window's telemetry ticks in which other processes held
-    ``criteria.contended_cpu_pct`` % of the host's CPUs or more, when over
-    ``CONTENDED_SHARE`` (None: a quiet host, no host samples, or the rule off at 100)."""
-    c = ctx.crit
-    if c.contended_cpu_pct >= 100:
-        return None
-    t = ctx.data.samples["t"]
-    others = other_cpu_pct(ctx.data)
-    inside = (t >= ctx.t0) & (t <= ctx.t1) & np.isfinite(others)
-    if not inside.any():
-        return None
-    share = float((others[inside] >= c.contended_cpu_pct).mean())
+    """The share of the measured window's telemetry ticks that were contended (other
+    processes held ``criteria.contended_cpu_pct`` % of the host's CPUs or more:
+    soakd.analysis.contention), when over ``CONTENDED_SHARE`` (None: a quiet host, no host
+    samples, or the rule off at 100)."""
+    h = host.ticks(ctx.data, ctx.t0, ctx.t1, ctx.crit.contended_cpu_pct)
+    share = h.share() if h is not None else 0.0
     return share if share > CONTENDED_SHARE else None
 
 
