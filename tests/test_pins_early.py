@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from soakd.analysis.criteria import drops, errors, frame_age, oom
-from soakd.analysis.criteria.base import Live
+from soakd.analysis.criteria import drops, errors, frame_age, memory, oom
+from soakd.analysis.criteria.base import Live, LiveTable
 from soakd.analysis.criteria.validity import convergence
 from soakd.config import CriteriaSettings, Settings, load_settings
 from soakd.observers.base import Progress, RunInfo
@@ -214,20 +214,41 @@ def test_jitter_stops_a_run_past_the_allowance_of_the_planned_run_not_of_the_fra
 
 
 def test_a_look_on_too_few_windows_to_test_stops_nothing() -> None:
-    """Five seconds of an RSS and a served model's waiting requests, both flat but noisy:
-    too few floor windows to test either trend (their verdict would be untested), so the
-    first looks stop nothing; only a trend significantly rising does."""
+    """Ten seconds of an RSS flat but noisy and a served model's waiting requests swinging
+    3 either way every 5 s: at the looks (6 and 11 s) too few floor windows to test either
+    trend (their verdict there is INVALID, untested), and an untested trend stops nothing."""
     watch = _jitter_watch()
     rng = np.random.default_rng(3)
     fired = None
-    for i, t in enumerate(np.arange(1.0, 7.0, 0.2)):
+    for i, t in enumerate(1.0 + np.arange(55) / 5):
         values = {"rss_bytes": 3e8 + rng.normal(0, 5e6)}
-        waiting = max(0.0, 5.0 + rng.normal(0, 3.0))
+        waiting = 5.0 + 3.0 * math.sin(2 * math.pi * (t - 1.0) / 5.0)
         metrics = (ServerMetric(i, float(t), "vllm:num_requests_waiting", "", waiting),)
         watch.on_sample(Sample(i, float(t), 0.0, 0.0, 0.0, values, server=metrics))
-        if abs(t - round(t)) < 1e-6:
+        if i % 5 == 0:
             fired = fired or _tick(watch, float(t))
+    assert set(watch.live.looked) >= {"memory", "server_queue"}  # the looks were made
     assert fired is None
+
+
+def _leak(planned_s: float) -> Live:
+    """60 s of RSS rising 10 MB/min under 6 MB of noise (a floor trend of p ~ 3e-4 over
+    2 s windows), looked at 60 s after the warm-up of a run planned for ``planned_s``."""
+    rng = np.random.default_rng(3)
+    live = Live(planned_s=planned_s, fps=10.0, streams=1, now=60.0, t0=0.0)
+    live.samples = LiveTable(("t", "rss_bytes"))
+    for t in np.arange(0.0, 60.0, 0.2):
+        live.samples.append((t, 3e8 + 10e6 * t / 60 + rng.normal(0, 6e6)))
+    return live
+
+
+def test_a_memory_look_tests_the_leak_at_the_alpha_spent_by_then_not_the_full_alpha() -> None:
+    """The same leak at the same first look: it stops a run planned to end at 61 s (the
+    look spends 0.0099) on memory_rss, not one planned for 100000 s (it spends 1e-5)."""
+    crit = CriteriaSettings(floor_window_s=2.0, max_memory_growth_mb_per_min=5)
+    late = memory.early_fail(_leak(61.0), crit)
+    assert late is not None and late.criterion == "memory_rss", late
+    assert memory.early_fail(_leak(1e5), crit) is None
 
 
 # ------------------------------------------------ decided, stopped, confirmed: stored runs

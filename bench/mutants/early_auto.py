@@ -19,6 +19,7 @@ ERRS = "test_errors_stop_a_run_past_max_errors_and_never_on_the_warm_up_s"
 OOMS = "test_the_torch_oom_counter_stops_a_run_on_its_rise_not_its_first_reading"
 JIT = "test_jitter_stops_a_run_past_the_allowance_of_the_planned_run_not_of_the_frames_so_far"
 FEW = "test_a_look_on_too_few_windows_to_test_stops_nothing"
+MEM_ALPHA = "test_a_memory_look_tests_the_leak_at_the_alpha_spent_by_then_not_the_full_alpha"
 UNDEC = "test_an_auto_run_undecided_at_max_duration_is_invalid_and_names_what_it_waited_on"
 CUT = "test_an_early_stopped_auto_run_is_fail_confirmed_and_never_reads_as_decided"
 FAILING = "test_a_look_shows_a_failing_criterion_as_failing"
@@ -31,7 +32,6 @@ VALIDITY = CR + "validity.py"
 AUTO = "soakd/run/auto_duration.py"
 EARLY = "soakd/run/early_stop.py"
 AUTO_UNIT = "tests/test_auto_duration.py::"
-EARLY_UNIT = "tests/test_early_stop.py::"
 #: the unit tests of test_auto_duration.py that pin undecided trends (no soak)
 UNDECIDED = (
     AUTO_UNIT + "test_a_look_waits_on_every_criterion_that_is_not_pass_but_the_run_itself",
@@ -171,7 +171,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("a memory look tested at the full alpha (#35 early)", CR + "memory.py",
            "look = crit.model_copy(update={\"alpha\": alpha, \"floor_window_s\": window})",
            "look = crit.model_copy(update={\"floor_window_s\": window})",
-           (EARLY_UNIT + "test_a_look_early_in_the_run_spends_only_its_share_of_alpha",)),
+           (P + MEM_ALPHA,)),
     Mutant("an untested server queue stops a run (#35 early)", CR + "server_queue.py",
            "    if res.status != FAIL:\n        return None",
            "    if res.status == PASS:\n        return None", (P + FEW,)),
