@@ -353,6 +353,7 @@ def _auto_looks(db: Path, rid: str, ticks: range) -> tuple[list[Event], int]:
     return events, len(stops)
 
 
+@pytest.mark.slow
 def test_an_auto_run_looks_from_min_duration_s_on_and_an_undecided_look_stops_nothing(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
@@ -366,6 +367,7 @@ def test_an_auto_run_looks_from_min_duration_s_on_and_an_undecided_look_stops_no
     assert stops == 0
 
 
+@pytest.mark.slow
 def test_a_decided_look_stores_when_and_stops_the_run_once(
     db: tuple[sqlite3.Connection, Path],
 ) -> None:
@@ -383,6 +385,7 @@ def test_a_decided_look_stores_when_and_stops_the_run_once(
 # --------------------------------------------------------------------------- a real soak
 
 
+@pytest.mark.slow
 def test_an_auto_soak_stopped_early_is_aborted_fail_and_not_decided(
     synthetic: Callable[..., Settings],
 ) -> None:
