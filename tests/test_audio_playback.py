@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from soakd.records import Sample
 from soakd.store.db import connect
 
 from .realtime_test_server import start
@@ -48,11 +49,28 @@ def _turns(rtf: list[float], underruns: list[int] | None = None, *, at: float = 
 _ids = itertools.count()
 
 
-def _judge(tmp_path, cols: dict[str, Any], bounded: bool = False, **crit: Any) -> Any:
+def _ticks(busy_at: tuple[float, ...] = ()) -> list[Sample]:
+    """Host telemetry every 0.5 s on a 1-CPU host: other processes at 95 % within a second
+    of each time in ``busy_at``, at 10 % elsewhere."""
+    out = []
+    for i, t in enumerate(np.arange(0.5, 120.5, 0.5)):
+        busy = any(abs(t - b) <= 1.0 for b in busy_at)
+        values = {"rss_bytes": 400 << 20, "host_cpu_pct": 100.0 if busy else 20.0,
+                  "cpu_pct": 5.0, "server_cpu_pct": 0.0 if busy else 5.0}  # fmt: skip
+        out.append(Sample(i, float(t), 0.0, 0.0, 0.1, values))
+    return out
+
+
+def _judge(tmp_path, cols: dict[str, Any], bounded: bool = False,
+           samples: list[Sample] | None = None, **crit: Any) -> Any:  # fmt: skip
     db = tmp_path / "runs.db"
     conn = connect(str(db))
     try:
-        rid = store_run(conn, f"r{next(_ids)}", cols, crit=crit, workload_kind="realtime")
+        more: dict[str, Any] = {}
+        if samples is not None:
+            more = {"samples": samples, "environment": {"cpu_count": 1}}
+        rid = store_run(conn, f"r{next(_ids)}", cols, crit=crit, workload_kind="realtime",
+                        **more)  # fmt: skip
         conn.commit()
         return judged(conn, rid, bounded=bounded)
     finally:
@@ -92,6 +110,23 @@ def test_turns_during_the_warm_up_are_not_judged(tmp_path) -> None:
     cols = _turns([0.2, 0.2, 3.0, 3.0, 3.0], [5, 5, 0, 0, 0], at=1.0, every=2.0)
     v = _judge(tmp_path, cols)
     assert status(v, "audio_playback") == "pass" and v.get("audio_playback").evidence["turns"] == 3
+
+
+def test_turns_that_stutter_only_while_the_host_is_contended_are_invalid_not_fail(
+    tmp_path,
+) -> None:
+    """Two of ten turns fall behind, both while other processes held 95 % of the CPU:
+    INVALID naming the host; the same turns on a quiet host, or with the rule off, FAIL."""
+    rtf = [3.0, 3.0, 0.5, 3.0, 3.0, 0.5, 3.0, 3.0, 3.0, 3.0]  # turns at 10, 15, ... 55 s
+    busy = _judge(tmp_path, _turns(rtf), samples=_ticks((20.0, 35.0)))
+    c = busy.get("audio_playback")
+    assert c.status == "invalid" and "the host was contended" in c.detail, c.detail
+    assert status(_judge(tmp_path, _turns(rtf), samples=_ticks()), "audio_playback") == "fail"
+    off = _judge(tmp_path, _turns(rtf), samples=_ticks((20.0, 35.0)), contended_cpu_pct=100)
+    assert status(off, "audio_playback") == "fail"
+    # one slow turn on a quiet tick is the model's, whatever the host did at the other
+    quiet_one = _judge(tmp_path, _turns(rtf), samples=_ticks((20.0,)))
+    assert status(quiet_one, "audio_playback") == "fail"
 
 
 def test_fewer_than_three_audio_turns_after_the_warm_up_are_invalid_never_pass(tmp_path) -> None:

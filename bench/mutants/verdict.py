@@ -308,11 +308,21 @@ MUTANTS = (
            "np.percentile(finite, 5)) if finite.size", "np.percentile(finite, 50)) if finite.size",
            (AUDIO + "::test_a_p5_real_time_factor_under_the_minimum_fails",)),
     Mutant("underruns never fail (#34)", CR + "audio.py",
-           "status = FAIL if slow or stutters else PASS", "status = FAIL if slow else PASS",
+           "return low, total, low < c.min_audio_rtf or total > c.max_audio_underruns",
+           "return low, total, low < c.min_audio_rtf",
            (AUDIO + "::test_underruns_past_the_allowance_fail_and_at_it_pass",)),
     Mutant("underruns at the allowance fail (#34)", CR + "audio.py",
            "total > c.max_audio_underruns", "total >= c.max_audio_underruns",
            (AUDIO + "::test_underruns_past_the_allowance_fail_and_at_it_pass",)),
+    Mutant("turns stuttering on a contended host blamed on the model (#34)", CR + "audio.py",
+           "host = _host(ctx, sel) if failing else None", "host = None",
+           (AUDIO + "::test_turns_that_stutter_only_while_the_host_is_contended_are_invalid"
+            "_not_fail",)),
+    Mutant("a turn stuttering on a quiet host excused (#34)", CR + "audio.py",
+           "if not bad.any() or (bad & quiet).any() or quiet.sum() < MIN_TURNS:",
+           "if not bad.any() or quiet.sum() < MIN_TURNS:",
+           (AUDIO + "::test_turns_that_stutter_only_while_the_host_is_contended_are_invalid"
+            "_not_fail",)),
     Mutant("two audio turns judged (#34)", CR + "audio.py", "if n < MIN_TURNS:", "if n < 2:",
            (AUDIO + "::test_fewer_than_three_audio_turns_after_the_warm_up_are_invalid"
             "_never_pass",)),

@@ -171,7 +171,7 @@ class RunData:
     #: (soakd.store.rundata.load_error_kinds); empty otherwise
     error_kinds: dict[str, int] = field(default_factory=dict)
     #: a realtime session's answered turns (soakd.store.rundata.load_turn_columns):
-    #: ``t_capture``, ``warmup`` and rundata.TURN_FIELDS (``ttfd_ms``, ``done_ms``,
+    #: ``t_capture``, ``t_done``, ``warmup`` and rundata.TURN_FIELDS (``ttfd_ms``, ``done_ms``,
     #: ``delta_p95_ms``, ``audio_s``, ``audio_rtf``, ``underruns``); empty otherwise
     turns: dict[str, np.ndarray] = field(default_factory=dict)
 

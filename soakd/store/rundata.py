@@ -268,16 +268,17 @@ TURN_FIELDS: tuple[str, ...] = (
 
 def load_turn_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:
     """A realtime run's answered turns (frames whose ``extra`` holds a turn, without an
-    error), ordered by frame_id: ``t_capture``, ``warmup`` and TURN_FIELDS (NaN where a turn
-    has none: no audio out). As many rows as turns, however long the run."""
+    error), ordered by frame_id: ``t_capture``, ``t_done`` (the answer's done), ``warmup``
+    and TURN_FIELDS (NaN where a turn has none: no audio out). As many rows as turns,
+    however long the run."""
     where = (
         "FROM frames WHERE run_id = ? AND error IS NULL"
         " AND json_extract(extra, '$.turn') IS NOT NULL"
     )
     n = int(conn.execute(f"SELECT count(*) {where}", (run_id,)).fetchone()[0])
     exprs = ", ".join(f"json_extract(extra, '$.{k}')" for k in TURN_FIELDS)
-    sql = f"SELECT t_capture, warmup, {exprs} {where} ORDER BY frame_id"
-    return _columns(conn, sql, (run_id,), ("t_capture", "warmup", *TURN_FIELDS), n)
+    sql = f"SELECT t_capture, t_done, warmup, {exprs} {where} ORDER BY frame_id"
+    return _columns(conn, sql, (run_id,), ("t_capture", "t_done", "warmup", *TURN_FIELDS), n)
 
 
 #: an error's kind: the word (and HTTP status) its message starts with ("timeout", "http

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from soakd.analysis import contention
 from soakd.analysis.criteria.base import Context
-from soakd.analysis.model import FAIL, PASS, CriterionResult
+from soakd.analysis.model import FAIL, INVALID, PASS, CriterionResult
+from soakd.config import CriteriaSettings
 
 CRITERION = "audio_playback"
 TITLE = "Spoken answers play without a stutter"
@@ -23,14 +25,46 @@ MIN_TURNS = 3
 UNIT = "x real time"
 
 
-def _audio_turns(ctx: Context) -> tuple[np.ndarray, np.ndarray, int]:
-    """(real-time factors, underruns) of the measured turns with audio, and how many turns
-    of the whole run had audio."""
+def _audio_turns(ctx: Context) -> tuple[np.ndarray, int]:
+    """The measured turns with audio (a mask over ``data.turns``), and how many turns of the
+    whole run had audio."""
     t = ctx.data.turns
     audio = np.isfinite(t["audio_s"]) & (t["audio_s"] > 0)
     post = (t["warmup"] == 0) & (t["t_capture"] >= ctx.t0)
-    sel = audio & post
-    return t["audio_rtf"][sel], t["underruns"][sel], int(audio.sum())
+    return audio & post, int(audio.sum())
+
+
+def _fails(rtf: np.ndarray, under: np.ndarray, c: CriteriaSettings) -> tuple[float, int, bool]:
+    """(p5 real-time factor, underruns in all, failing) of these turns."""
+    finite = rtf[np.isfinite(rtf)]
+    low = float(np.percentile(finite, 5)) if finite.size else 0.0  # no wall time: not judged
+    total = int(np.nansum(under))
+    return low, total, low < c.min_audio_rtf or total > c.max_audio_underruns
+
+
+def _host(ctx: Context, sel: np.ndarray) -> str | None:
+    """Why a FAIL is the host's: every turn that stuttered or fell behind ran while other
+    processes held ``contended_cpu_pct`` % of the CPUs, and the quiet turns alone pass
+    (None: the model's, or the rule off). A listener's player on a starved host stutters
+    too, so such a run cannot be judged."""
+    t, c = ctx.data.turns, ctx.crit
+    start, end = t["t_capture"][sel], np.where(np.isfinite(t["t_done"][sel]),
+                                                t["t_done"][sel], t["t_capture"][sel])  # fmt: skip
+    host = contention.during(ctx.data, start, end, c.contended_cpu_pct)
+    if host is None:
+        return None
+    rtf, under = t["audio_rtf"][sel], t["underruns"][sel]
+    bad = (rtf < c.min_audio_rtf) | (np.nan_to_num(under) > 0)
+    quiet = host.quiet
+    if not bad.any() or (bad & quiet).any() or quiet.sum() < MIN_TURNS:
+        return None
+    if _fails(rtf[quiet], under[quiet], c)[2]:
+        return None
+    return (
+        f"the host was contended: the {int(bad.sum())} turn(s) that fell behind or stuttered "
+        f"all ran while other processes held >= {c.contended_cpu_pct:g} % of the CPUs; the "
+        f"{int(quiet.sum())} quiet turn(s) pass: soak on a quiet host or pin CPUs"
+    )
 
 
 def judge(ctx: Context) -> list[CriterionResult]:
@@ -38,28 +72,30 @@ def judge(ctx: Context) -> list[CriterionResult]:
     without audio out."""
     if not ctx.data.turns:
         return []
-    rtf, under, n_audio = _audio_turns(ctx)
+    sel, n_audio = _audio_turns(ctx)
     if not n_audio:
         return []
-    c = ctx.crit
-    n = int(rtf.size)
+    c, t = ctx.crit, ctx.data.turns
+    n = int(sel.sum())
     if n < MIN_TURNS:
         why = f"{n} answered turn(s) with audio after the warm-up; {MIN_TURNS} judge playback"
         return [CriterionResult.invalid(CRITERION, TITLE, threshold=c.min_audio_rtf,
                                         unit=UNIT, detail=why)]  # fmt: skip
-    finite = rtf[np.isfinite(rtf)]
-    low = float(np.percentile(finite, 5)) if finite.size else 0.0  # no wall time: not judged
-    total = int(np.nansum(under))
-    slow, stutters = low < c.min_audio_rtf, total > c.max_audio_underruns
-    status = FAIL if slow or stutters else PASS
+    rtf, under = t["audio_rtf"][sel], t["underruns"][sel]
+    low, total, failing = _fails(rtf, under, c)
+    status = FAIL if failing else PASS
     detail = (
         f"p5 real-time factor {low:.3g} over {n} turns (at least {c.min_audio_rtf:g}), "
         f"{total} underrun(s) (at most {c.max_audio_underruns})"
     )
-    if slow:
+    if low < c.min_audio_rtf:
         detail += ": the answers' audio arrives slower than it plays"
-    elif stutters:
+    elif failing:
         detail += ": a listener hears the answers stutter"
+    host = _host(ctx, sel) if failing else None
+    if host is not None:
+        status, detail = INVALID, f"{host}; {detail}"
+    finite = rtf[np.isfinite(rtf)]
     evidence = {
         "turns": n,
         "rtf_p5": low,
