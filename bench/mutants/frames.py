@@ -158,6 +158,9 @@ _LOSSES = (
     Mutant("rate(drops) over the ticks, missed ones too (#35 frames)", TH,
            'captured = loss.ticks - (loss.counts["missed_ticks"] or 0.0)',
            "captured = loss.ticks", FRAMES),
+    Mutant("rate(drops) over the ticks on the bounded path (#35 frames)", TH,
+           'loss = dg.loss\n    captured = loss.ticks - (loss.counts["missed_ticks"] or 0.0)',
+           "loss = dg.loss\n    captured = loss.ticks", FRAMES),
 )  # fmt: skip
 
 _REST = (
