@@ -504,6 +504,9 @@ class TelemetrySettings(_Section):
     # the server's Prometheus endpoint; None: <scheme://host:port>/metrics when it answers
     # at setup; "off": not scraped
     server_metrics_url: str | None = None
+    # how often it is scraped (at most once a tick; 0: every tick): its parse is the largest
+    # part of a served run's own CPU at 150 ms ticks, and queue gauges change slower
+    server_metrics_every_s: Duration = Field(1.0, ge=0, le=60)
     # the gauges and counters stored from it (server_metrics table), when it exports them
     server_metrics: tuple[Annotated[str, AfterValidator(_check_metric_name)], ...] = tuple(
         name for names in SERVER_METRIC_PRESETS.values() for name in names

@@ -252,8 +252,11 @@ def test_a_server_queue_that_keeps_rising_fails_server_queue(db_path, server):
     listed series are stored with their labels, an unlisted one is not."""
     rising = server("--waiting-rise-per-s", "0.5")
     flat = server()
-    bad = run_soak(settings(db_path, rising, "run.duration=6"))
-    good = run_soak(settings(db_path, flat, "run.duration=6"))
+    # a 6 s run: /metrics scraped every tick (the default, once a second, gives a 6 s run
+    # too few windows to test the queue's trend; a soak of minutes has hundreds)
+    every_tick = "telemetry.server_metrics_every_s=0"
+    bad = run_soak(settings(db_path, rising, "run.duration=6", every_tick))
+    good = run_soak(settings(db_path, flat, "run.duration=6", every_tick))
     assert criteria(db_path, bad.run_id)["server_queue"] == "fail"
     assert criteria(db_path, good.run_id)["server_queue"] == "pass"
     names = {r[0] for r in rows(db_path, "SELECT DISTINCT name FROM server_metrics")}

@@ -304,6 +304,16 @@ def test_the_listed_series_are_kept_with_canonical_labels_and_nothing_else(
     assert {(m.seq, m.t) for m in rows} == {(4, 0.6)}
 
 
+def test_the_page_is_scraped_at_most_every_every_s_not_every_tick(page: _MetricsServer) -> None:
+    """every_s = 1: ticks every 0.15 s from 0 to 2.1 s scrape at 0, 1.05 and 2.1 s only
+    (the first tick at or after each second since the last), rows on those ticks alone."""
+    probe = ServerMetricsProbe(page.url, NAMES, every_s=1.0)
+    ticks = [round(0.15 * i, 2) for i in range(15)]
+    got = [t for i, t in enumerate(ticks) if probe.sample_server(i, t)]
+    probe.close()
+    assert got == [0.0, 1.05, 2.1] and page.requests == 3, (got, page.requests)
+
+
 def test_labels_are_sorted_comma_joined_escaped_and_empty_for_none() -> None:
     """A label set's canonical form: k="v" by key, comma-joined, values escaped as the
     Prometheus text format escapes them, "" without labels."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import ipaddress
+import math
 import socket
 import subprocess
 import threading
@@ -511,7 +512,9 @@ class _Scrape:
 
 
 class ServerMetricsProbe:
-    """The server's Prometheus endpoint, scraped once a tick: a scrape takes at most
+    """The server's Prometheus endpoint, scraped once a tick at most (every ``every_s``:
+    ``telemetry.server_metrics_every_s``, 1 s; its parse is most of a served run's own
+    CPU when done every 150 ms tick, and queue gauges move slower): a scrape takes at most
     ``timeout_s`` (the HTTP client's timeout), a tick waits for it at most ``wait_s``
     (default ``timeout_s``). At most one scrape is in flight: one still running when its
     tick gives up is waited for by the next tick (which then gets its rows), never doubled."""
@@ -525,10 +528,13 @@ class ServerMetricsProbe:
         *,
         timeout_s: float = SCRAPE_TIMEOUT_S,
         wait_s: float | None = None,
+        every_s: float = 0.0,
     ) -> None:
         self.url = url
         self.names = frozenset(names)
         self.wait_s = timeout_s if wait_s is None else wait_s
+        self.every_s = every_s  # a scrape starts at most this often (0: every tick)
+        self._due = -math.inf  # the tick time from which the next scrape may start
         self._client = httpx.Client(timeout=timeout_s)
         self._inflight: _Scrape | None = None
         self.failures = 0  # ticks with no rows (failed, timed out, not Prometheus)
@@ -545,7 +551,12 @@ class ServerMetricsProbe:
             return None
 
     def sample_server(self, seq: int, t: float) -> tuple[ServerMetric, ...]:
-        """The tick's rows; () when the scrape failed or is not done within ``wait_s``."""
+        """The tick's rows; () when no scrape is due (``every_s``), or it failed or is not
+        done within ``wait_s``."""
+        if self._inflight is None and t < self._due:
+            return ()
+        if self._inflight is None:
+            self._due = t + self.every_s
         job = self._inflight or _Scrape(self.scrape)
         self._inflight = job
         if not job.done.wait(self.wait_s):
@@ -607,8 +618,11 @@ def server_probes(settings: Any, log: Any = None) -> list[Probe]:
     if url is not None and (t.server_metrics_url is not None or _answers(url)):
         # a scrape may take one interval, a tick waits half that: it never overruns its period
         timeout = min(SCRAPE_TIMEOUT_S, settings.run.sample_interval_ms / 1000)
+        every = t.server_metrics_every_s
         probes.append(
-            ServerMetricsProbe(url, t.server_metrics, timeout_s=timeout, wait_s=timeout / 2)
+            ServerMetricsProbe(
+                url, t.server_metrics, timeout_s=timeout, wait_s=timeout / 2, every_s=every
+            )
         )
     elif url is not None:
         _info(log, f"no server metrics: {url} does not answer with Prometheus text")
