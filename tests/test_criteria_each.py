@@ -89,6 +89,18 @@ def _stages(infer: Callable[[np.ndarray, np.random.Generator], np.ndarray] | Non
     return planted(dur=120.0, fps=10.0, infer=infer)
 
 
+def _spoken(rtf: float) -> RunData:
+    """A realtime session's run with ten answered turns, each at ``rtf`` x real time."""
+    d = planted()
+    d.meta.workload_kind = "realtime"
+    t = np.arange(30.0, 580.0, 55.0)
+    d.turns = {"t_capture": t, "t_done": t + 0.3, "warmup": np.zeros(t.size),
+               "ttfd_ms": np.full(t.size, 80.0), "done_ms": np.full(t.size, 300.0),
+               "delta_p95_ms": np.full(t.size, 20.0), "audio_s": np.full(t.size, 0.24),
+               "audio_rtf": np.full(t.size, rtf), "underruns": np.zeros(t.size)}  # fmt: skip
+    return d
+
+
 def _slow(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return 40 * np.exp(rng.normal(0, 0.05, t.size))
 
@@ -118,6 +130,7 @@ CASES: dict[str, Case] = {
                   FIRST_OUTPUT),
     "thresholds": ("threshold:p95(total_ms)<40", planted, lambda: planted(infer=_slow), FAIL,
                    P95_UNDER_40),
+    "audio": ("audio_playback", lambda: _spoken(3.0), lambda: _spoken(0.5), FAIL, CRIT),
 }  # fmt: skip
 MODULES = {m.__name__.rpartition(".")[2]: m for m in CRITERIA}
 

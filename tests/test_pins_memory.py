@@ -443,3 +443,15 @@ def test_a_bounded_pass_on_many_windows_says_few_of_them_are_independent(
     found = re.findall(r"\((\d+) windows, about (\d+) independent", mem.detail)
     n, n_eff = (int(x) for x in found[0])
     assert n >= 12 and n_eff < 3, mem.detail
+
+
+def test_an_untested_trend_whose_range_allows_a_leak_is_invalid_never_pass(
+    conn: sqlite3.Connection,
+) -> None:
+    """The same slow 2 MB swell at the default 1.5 MB/min: its windows' range allows 2.1
+    MB/min and too few of them are independent to test, so memory_rss is INVALID
+    "untested", never PASS."""
+    rid = _store(conn, "swell_untested", lambda t: 400.0 + 2 * np.sin(2 * np.pi * t / 115.0),
+                 120.0, noise=0.0)  # fmt: skip
+    mem = _get(_judge(conn, rid), "memory_rss")
+    assert mem.status == "invalid" and mem.detail.startswith("untested"), mem.detail

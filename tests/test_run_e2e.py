@@ -358,7 +358,14 @@ def test_keyboard_interrupt_in_library_use_ends_the_run_cleanly(
         def on_ready(self) -> None:
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
 
-    res = run_soak(synthetic("run.duration=30"), observers=[InterruptWhenReady()], judge=False)
+    # a script's own SIGINT handling: Python's default (KeyboardInterrupt), whatever an
+    # earlier test or the test runner's worker left installed
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        res = run_soak(synthetic("run.duration=30"), observers=[InterruptWhenReady()],
+                       judge=False)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert (res.status, res.reason) == ("aborted", "signal SIGINT")
     assert res.duration_s < 10
     assert q(db_path, "SELECT status FROM runs") == [("aborted",)]

@@ -411,3 +411,15 @@ def test_drops_rising_to_over_the_threshold_fail_before_the_total_does() -> None
     c = judge(run_data(drop_count=cum), CRIT).get("drops")
     assert c is not None and c.value is not None and c.value < CRIT.max_drop_fraction
     assert c.status == "fail" and c.evidence["accelerating"]
+
+
+def test_a_server_queue_trend_too_short_to_test_is_invalid_never_pass() -> None:
+    """A served run whose waiting queue was scraped 5 times (too few windows for a trend
+    test) and rose 20 over the run, more than the 1 a minute allowed: server_queue is
+    INVALID "untested", never PASS."""
+    d = run_data(dur=300.0)
+    d.meta.workload_kind = "openai"
+    t = np.array([10.0, 70.0, 130.0, 190.0, 250.0])
+    d.server = {"vllm:num_requests_waiting": (t, np.array([0.0, 12.0, 3.0, 20.0, 5.0]))}
+    c = judge(d, CRIT).get("server_queue")
+    assert c is not None and c.status == "invalid" and c.detail.startswith("untested"), c
