@@ -423,3 +423,20 @@ def test_a_server_queue_trend_too_short_to_test_is_invalid_never_pass() -> None:
     d.server = {"vllm:num_requests_waiting": (t, np.array([0.0, 12.0, 3.0, 20.0, 5.0]))}
     c = judge(d, CRIT).get("server_queue")
     assert c is not None and c.status == "invalid" and c.detail.startswith("untested"), c
+
+
+def test_a_run_stopped_early_is_judged_up_to_its_stop_not_its_shutdown() -> None:
+    """RSS rising 60 MB/min until an early stop on memory_rss at 30 s, then level for the
+    20 s the shutdown took: judged up to the stop, the leak still FAILs and the stop is
+    confirmed (FAIL, not INVALID "growth that stopped")."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + np.minimum(t, 30.0) * MIB + rng.normal(0, 0.05 * MIB, t.size)
+
+    d = run_data(dur=50.0, rss=rss, status="aborted", reason="memory_rss: floor rising")
+    d.events = [{"kind": "warmup_end", "t": 5.0},
+                {"kind": "early_stop", "t": 30.0, "data": {"criterion": "memory_rss"}}]  # fmt: skip
+    v = judge(d, CRIT.model_copy(update={"floor_window_s": 1.0}))
+    mem = v.get("memory_rss")
+    assert mem is not None and mem.status == "fail", mem
+    assert v.status == "FAIL" and "stopped early" in v.reason, v.reason

@@ -325,6 +325,9 @@ MUTANTS = (
            "if not bad.any() or quiet.sum() < MIN_TURNS:",
            (AUDIO + "::test_turns_that_stutter_only_while_the_host_is_contended_are_invalid"
             "_not_fail",)),
+    Mutant("an early-stopped run judged through its shutdown (#31)", V,
+           "t1 = max(t0, min(t1, float(stops[0])))", "t1 = max(t0, t1)",
+           (RULES + "::test_a_run_stopped_early_is_judged_up_to_its_stop_not_its_shutdown",)),
     Mutant("two audio turns judged (#34)", CR + "audio.py", "if n < MIN_TURNS:", "if n < 2:",
            (AUDIO + "::test_fewer_than_three_audio_turns_after_the_warm_up_are_invalid"
             "_never_pass",)),

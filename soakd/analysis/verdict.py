@@ -147,6 +147,11 @@ def context(data: RunData, criteria: CriteriaSettings, history: Sequence[float] 
         data = dg.view
     t0 = dg.t0 if dg else data.warmup_end()
     t1 = dg.t1 if dg else data.window_end(t0)
+    # a run stopped early is judged up to its stop: what its shutdown stored after the
+    # decision is no evidence (a leak that ends with the run reads as growth that stopped)
+    stops = [e["t"] for e in data.events if e.get("kind") == EARLY_STOP_EVENT and e.get("t")]
+    if stops:
+        t1 = max(t0, min(t1, float(stops[0])))
     post, measured = data.post_warmup(t0), data.measured(t0)
     return Context(data, criteria, t0, t1, measured, post, {}, {}, dg, history)
 
