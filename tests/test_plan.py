@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import time
 import tomllib
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -359,6 +360,18 @@ name = "ok"
     assert f"2 cells: 1 error, 1 {ok.verdict}" in out.stdout
 
 
+def _cell_started(db: Path) -> bool:
+    """A run row of the plan is stored; False while the file or its schema is not yet
+    written (the poll can open the file between its creation and its first table)."""
+    if not db.exists():
+        return False
+    try:
+        with closing(sqlite3.connect(db)) as conn:
+            return bool(find_runs(conn, labels={"plan": "two"}))
+    except sqlite3.OperationalError:
+        return False
+
+
 def test_a_stop_signal_ends_the_cell_and_no_further_cell_starts(tmp_path: Path) -> None:
     """SIGINT during cell 0: that run is stored aborted, cell 1 never starts, exit 3."""
     db = tmp_path / "soakd.db"
@@ -368,7 +381,7 @@ def test_a_stop_signal_ends_the_cell_and_no_further_cell_starts(tmp_path: Path) 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not (db.exists() and find_runs(conn_of(db), labels={"plan": "two"})):
+        while not _cell_started(db):
             assert proc.poll() is None and time.monotonic() < deadline, "cell 0 never started"
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)

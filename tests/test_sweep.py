@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from soakd.config import ConfigError, Settings
 from soakd.records import Frame, StageOutput
-from soakd.studies.sweep import check_key, find_knee, parse_vary, sweep
+from soakd.studies.sweep import SweepPoint, SweepResult, check_key, find_knee, parse_vary, sweep
 from soakd.workloads.base import WorkloadError
 from tests.test_compare import md_tables_consistent
 
@@ -355,6 +355,24 @@ def test_a_peak_memory_dash_says_why(tmp_path: Path) -> None:
     ).stdout
     assert re.search(r"\| 1 \| ok( \(host busy\))? \|", md)
     assert "Note: peak RSS and GPU – at workload.infer_ms=1:" in md
+
+
+def _sweep_of(*points: tuple[int, float, float]) -> SweepResult:
+    pts = [SweepPoint(v, "ok", total_median_ms=m, total_iqr_ms=iqr) for v, m, iqr in points]
+    return SweepResult("k", [p.value for p in pts], 8, False, pts, "total_median_ms", None)
+
+
+@pytest.mark.parametrize(
+    ("b_median", "b_iqr", "flagged"),
+    [(8.9, 0.0, True), (9.1, 0.0, False), (7.0, 5.0, True), (7.0, 6.2, False)],
+)
+def test_a_fall_is_non_monotone_only_beyond_both_the_spread_and_a_tenth_of_the_p50(
+    b_median: float, b_iqr: float, flagged: bool
+) -> None:
+    """A point whose total p50 is below the one before it is non-monotone only when the fall
+    exceeds their spread (half their IQRs added) and a tenth of the earlier p50."""
+    r = _sweep_of((1, 10.0, 0.0), (2, b_median, b_iqr))
+    assert r.non_monotone == ([(1, 2)] if flagged else [])
 
 
 def test_a_sweep_beside_busy_cpus_flags_its_points_and_a_fall_beyond_noise(

@@ -19,8 +19,9 @@ ends at the largest count below it whose every stream passed.
 Each point's host load is sampled as in a run (``host``); a point measured while other
 processes held half the host's CPUs or more is marked ``host busy``. A point whose total
 p50 falls below the point before it (in increasing value) by more than their frames'
-spread (the sum of their half-IQRs) is flagged non-monotone (``non_monotone``): no knee and
-no usable range are read from such a sweep, which says so instead of "no knee found".
+spread (the sum of their half-IQRs) and by more than 10 % of the earlier p50 is flagged
+non-monotone (``non_monotone``): no knee and no usable range are read from such a sweep,
+which says so instead of "no knee found".
 """
 
 from __future__ import annotations
@@ -148,6 +149,10 @@ def _media(p: SweepPoint) -> str:
     return f" {_tok(p.vision_tokens)} | {_tok(p.audio_tokens)} |"
 
 
+# a fall in total p50 smaller than this share of the earlier point's is never "not monotone"
+NON_MONOTONE_MIN_FALL = 0.10
+
+
 @dataclass
 class SweepPoint:
     value: Any
@@ -197,8 +202,11 @@ class SweepResult:
     @property
     def non_monotone(self) -> list[tuple[Any, Any]]:
         """(earlier value, later value) pairs, in increasing value, whose total p50 fell by
-        more than the two points' spread (half their IQRs added): the cost went down as the
-        value went up, beyond the frames' own noise."""
+        more than the two points' spread (half their IQRs added) and by more than
+        ``NON_MONOTONE_MIN_FALL`` of the earlier p50: the cost went down as the value went
+        up, beyond the frames' own noise and beyond what a busy host moves a few frames'
+        median between two points of equal cost (two 10 ms points of 8 frames each, beside
+        two CPU spinners, once read apart by more than their tiny IQRs)."""
         if self.knee_metric != "total_median_ms":
             return []
         pts = [p for p in self.points if p.status == "ok" and p.total_median_ms is not None]
@@ -210,7 +218,8 @@ class SweepResult:
         for a, b in itertools.pairwise(pts):
             assert a.total_median_ms is not None and b.total_median_ms is not None
             noise = ((a.total_iqr_ms or 0.0) + (b.total_iqr_ms or 0.0)) / 2
-            if a.total_median_ms - b.total_median_ms > noise:
+            floor = NON_MONOTONE_MIN_FALL * a.total_median_ms
+            if a.total_median_ms - b.total_median_ms > max(noise, floor):
                 out.append((a.value, b.value))
         return out
 
