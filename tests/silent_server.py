@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 
 @contextmanager
-def silent_listener() -> Iterator[int]:
+def silent_listener(accepted: list[float] | None = None) -> Iterator[int]:
     """Listen on an ephemeral loopback port (yielded); accepted sockets are held open, unread
-    and unanswered, until the block ends."""
+    and unanswered, until the block ends. Each accept's ``time.monotonic()`` is appended to
+    ``accepted`` when given."""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.1)
     held: list[socket.socket] = []
@@ -27,6 +29,8 @@ def silent_listener() -> Iterator[int]:
             except OSError:
                 return
             held.append(conn)
+            if accepted is not None:
+                accepted.append(time.monotonic())
 
     thread = threading.Thread(target=accept, name="silent-listener", daemon=True)
     thread.start()

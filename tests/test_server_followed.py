@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ _REUSEPORT = textwrap.dedent(
     import openai_test_server as fixture
 
     opts = fixture.build_parser().parse_args(sys.argv[1:])
+    sys.stdin.readline()  # bind on cue: the start-up's imports are paid before it
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", opts.port))
@@ -71,15 +73,28 @@ class Shared:
         self.procs: list[subprocess.Popen[str]] = []
         self.port = 0
 
-    def start(self, *args: str) -> subprocess.Popen[str]:
+    def spawn(self, *args: str) -> subprocess.Popen[str]:
+        """A server process that has imported everything and binds when ``bind`` tells it:
+        on a loaded host its start-up can take seconds, its takeover then does not."""
         argv = [sys.executable, "-c", _REUSEPORT, str(TESTS), "--port", str(self.port), *args]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
         self.procs.append(proc)
-        assert proc.stdout is not None
+        return proc
+
+    def bind(self, proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
         line = proc.stdout.readline()  # "" when it exited before it listened
         assert line.startswith("READY "), f"fixture server did not start: {line!r}"
         self.port = int(line.split()[1])
         return proc
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return self.bind(self.spawn(*args))
 
     def kill(self, proc: subprocess.Popen[str]) -> None:
         proc.send_signal(signal.SIGKILL)
@@ -152,6 +167,21 @@ def _after(seconds: float, since: float) -> None:
     time.sleep(max(0.0, since + seconds - time.monotonic()))
 
 
+def _run_started(db: Path, timeout: float = 60) -> float:
+    """The monotonic time at which the soak writing ``db`` stored its run row: the run's
+    clock starts about then, however long a loaded host took to get there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with closing(sqlite3.connect(db)) as c:
+                if c.execute("SELECT count(*) FROM runs").fetchone()[0]:
+                    return time.monotonic()
+        except sqlite3.OperationalError:  # the file or its schema not written yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the soak never stored its run row")
+
+
 # --------------------------------------------------------------------------- real soaks
 
 
@@ -166,10 +196,12 @@ def test_a_server_replaced_on_its_port_is_followed_and_its_leak_fails(
     s = _settings(db_path, shared.port, "run.duration=13")
     holder: dict[str, subprocess.Popen[str]] = {}
 
+    pending = shared.spawn("--leak-mb-per-request", "1")  # ~360 MB/min at 6 fps
+
     def replace() -> None:
-        t0 = time.monotonic()
+        t0 = _run_started(db_path)
         _after(3.0, t0)
-        holder["second"] = shared.start("--leak-mb-per-request", "1")  # ~360 MB/min at 6 fps
+        holder["second"] = shared.bind(pending)
         shared.kill(first)
 
     result = _soak_while(s, replace)
@@ -200,11 +232,12 @@ def test_a_replacement_too_short_to_judge_is_invalid_never_pass(
     server was replaced at t = ...", never PASS on the first server's samples."""
     first = shared.start()
     s = _settings(db_path, shared.port, "run.duration=9")
+    second = shared.spawn()
 
     def replace() -> None:
-        t0 = time.monotonic()
+        t0 = _run_started(db_path)
         _after(6.5, t0)  # leaves the new server ~2.5 s: under 12 windows of 0.3 s
-        shared.start()
+        shared.bind(second)
         shared.kill(first)
 
     result = _soak_while(s, replace)
@@ -224,7 +257,7 @@ def test_a_server_that_dies_with_no_replacement_is_lost_and_never_pass(
     s = _settings(db_path, shared.port, "run.duration=8")
 
     def kill() -> None:
-        t0 = time.monotonic()
+        t0 = _run_started(db_path)
         _after(5.0, t0)
         shared.kill(first)
 

@@ -20,7 +20,7 @@ from tests.silent_server import silent_listener
 pytestmark = pytest.mark.slow
 
 OPEN_TIMEOUT_S = 2.0
-SLACK_S = 6.0  # interpreter start, imports and the grace soakd gives FFmpeg's own timeout
+SLACK_S = 6.0  # after the connection: the grace soakd gives FFmpeg's own timeout, then exit
 
 
 def _env() -> dict[str, str]:
@@ -35,8 +35,9 @@ def test_stream_that_accepts_and_never_answers_exits_2_with_one_line(
     scheme: str, tmp_path: Path
 ) -> None:
     """soakd run on a silent stream: exit 2 (not 134), one stderr line naming the URL and
-    the timeout, within open_timeout_s + a few seconds."""
-    with silent_listener() as port:
+    the timeout, within open_timeout_s + a few seconds of connecting."""
+    accepted: list[float] = []
+    with silent_listener(accepted) as port:
         url = f"{scheme}://127.0.0.1:{port}/x"
         cmd = soakd_cmd(
             "run", "--db", str(tmp_path / "soakd.db"), "--duration", "5s",
@@ -44,18 +45,19 @@ def test_stream_that_accepts_and_never_answers_exits_2_with_one_line(
             "--set", f"source.open_timeout_s={OPEN_TIMEOUT_S}",
             "--set", "source.read_timeout_s=2",
         )  # fmt: skip
-        t = time.monotonic()
         proc = subprocess.run(
             cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=60
         )
-        elapsed = time.monotonic() - t
+        ended = time.monotonic()
     lines = error_lines(proc.stderr)
     assert proc.returncode == ExitCode.USAGE == 2, proc.stderr
     assert lines == [
         f"soakd: error: stream {url}: not opened within open_timeout_s = 2 s (no answer)"
     ], proc.stderr
     assert "terminate called" not in proc.stderr
-    assert elapsed < OPEN_TIMEOUT_S + SLACK_S
+    # timed from the connection, not the process start: a loaded host's slow imports are
+    # not the open timeout's failure
+    assert accepted and ended - accepted[0] < OPEN_TIMEOUT_S + SLACK_S
 
 
 def test_thread_stuck_in_ffmpeg_at_exit_keeps_the_exit_code(tmp_path: Path) -> None:
