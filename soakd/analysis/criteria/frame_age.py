@@ -355,10 +355,10 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
     backlog that keeps growing stops the run without waiting for its planned end. A
     generator's frames are judged on their output intervals, not on frame age: not asked.
-    Nor once a tick since the warm-up saw the host contended (``Live.contended_ticks``): the
-    verdict sets the frames that waited then aside (``_against_host``), a look cannot, so
-    the run goes on and the verdict decides."""
-    if live.generates or live.contended_ticks:
+    Nor once a tick since the warm-up saw the host contended (``contention.withholds_looks``):
+    the verdict sets the frames that waited then aside (``_against_host``), a look cannot,
+    so the run goes on and the verdict decides."""
+    if live.generates or host.withholds_looks(live.contended_ticks):
         return None
     alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
     if alpha is None:
