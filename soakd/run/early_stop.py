@@ -52,9 +52,10 @@ _SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_ME
 _HOST_COLUMNS = ("host_cpu_pct", "cpu_pct", "server_cpu_pct")
 #: the stage times jitter judges (infer, or a session's output latency when untimed)
 _JITTER_COLUMNS = ("infer_ms", "output_latency_ms")
-#: rows of the live stage times (``Live.frames``, 6 columns: 400 KB): 13 minutes at 10 fps
-#: frame by frame, every other frame past that (then every 4th...)
-LIVE_FRAME_ROWS = 8192
+#: rows of the live stage times (``Live.frames``, 6 columns: 96 KB): 3.4 minutes at 10 fps
+#: frame by frame, every other frame past that (then every 4th...); a look judges at most
+#: LOOK_MAX_WINDOWS windows of them
+LIVE_FRAME_ROWS = 2048
 #: frames held for a telemetry tick at most (``EarlyStop.on_frame``): past that the oldest
 #: are counted without one (a sampler that stopped ticking must not grow soakd's memory)
 HELD_MAX = 4096
@@ -256,14 +257,19 @@ def _rehearse(crit: CriteriaSettings, criteria: Sequence[ModuleType]) -> None:
     live.samples = LiveTable(("t", *_SAMPLE_COLUMNS), rows=1024)
     live.server = LiveTable(("t", *_SERVER_COLUMNS), rows=1024, floor=False)
     live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
-    live.frames = LiveTable(STAGE_FRAME_COLUMNS, rows=1024, floor=False)
+    # the stage times' table as large as the run's, and filled past it (40 frames a second):
+    # a stage look's largest copies are made now
+    live.frames = LiveTable(STAGE_FRAME_COLUMNS, rows=LIVE_FRAME_ROWS, floor=False)
     quick = crit.model_copy(update={"floor_window_s": 1.0, "min_frames": 1})
     watch = EarlyStop(live, quick, criteria, event=lambda e: None, stop=lambda r: None)
     watch.on_event(Event("warmup_end", 0.0, 0.0))
     for i in range(600):
         t = i / 10
-        watch.on_frame(FrameRecord(i, t, t, t, t, 0.0, 0.1, infer_ms=10.0 + i % 3,
-                                   total_ms=11.0, frame_age_ms=1.0 + t))  # fmt: skip
+        for j in range(4):
+            tj = t + j / 40
+            watch.on_frame(FrameRecord(4 * i + j, tj, tj, tj, tj, 0.0, 0.1,
+                                       infer_ms=10.0 + i % 3, total_ms=11.0,
+                                       frame_age_ms=1.0 + t))  # fmt: skip
         if i % 2 == 0:
             values: dict[str, float | int | None] = {c: 1e8 + 1e6 * t for c in _SAMPLE_COLUMNS}
             server = tuple(ServerMetric(i, t, c, "", t) for c in _SERVER_COLUMNS)
