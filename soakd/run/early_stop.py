@@ -2,15 +2,18 @@
 half of the criteria's protocol (``early_fail(live, crit)`` in soakd/analysis/criteria).
 
 It keeps what the criteria ask of a running run (``criteria.base.Live``: errors, drops and
-stale frames, OOMs and the telemetry since the end of the warm-up; the values of the
-``abort_on_fail`` thresholds' columns) and asks the criteria once a second, on the progress
-snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default false for
-``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
-``max_drop_fraction`` of every tick the planned run can have, a memory floor or the frame
-age (its window medians, ``Live.add_age``) rising significantly at the alpha a
-Pocock-type spending function gives this look (``criteria.base.look_alpha``; frame age not
-once a tick since the warm-up saw the host contended, ``Live.contended_ticks``: the verdict
-sets those frames aside, a look cannot). The
+stale frames, OOMs, the stage times and the telemetry since the end of the warm-up; the
+values of the ``abort_on_fail`` thresholds' columns) and asks the criteria once a second,
+on the progress snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default
+false for ``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM,
+losses past ``max_drop_fraction`` of every tick the planned run can have, a memory floor,
+the frame age (its window medians, ``Live.add_age``) or a stage time rising significantly
+at the alpha a Pocock-type spending function gives this look (``criteria.base.look_alpha``),
+jitter past its allowance. Those the host can fail (jitter, drops, frame age, stage trend)
+stop nothing once a tick since the warm-up saw the host contended
+(``contention.withholds_looks`` on ``Live.contended_ticks``): the verdict sets those frames
+aside, a look cannot; and a frame is counted only once the tick at or after its end has
+come (``EarlyStop.on_frame``), so no look counts a frame whose host it has not seen. The
 ``abort_on_fail`` thresholds are asked always. The first that fails stores an
 ``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
 criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
