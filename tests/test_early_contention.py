@@ -131,6 +131,17 @@ def test_a_flat_stage_never_stops_the_run(seed: int) -> None:
     assert _feed(watch, stops, _infer(0.0, seed), lambda t: False, 300.0, 10.0) is None, stops
 
 
+def test_a_stage_look_on_too_few_windows_to_test_stops_nothing() -> None:
+    """At 1 fps (windows of 5 frames) a 20 ms infer with 20 % noise, rising 30 ms/min: the
+    looks at 10 s and 20 s have 2 and 4 windows, too few to test a trend, whose range allows
+    more than the tolerance: n/a, which stops nothing."""
+    noise = np.random.default_rng(0).normal(0.0, 0.2, 100)
+    watch, stops = _watch(stage_trend, 100.0, 1.0)
+    model: Model = lambda t: (20.0 * (1 + noise[round(t)]) + 0.5 * t, 0)  # noqa: E731
+    assert _feed(watch, stops, model, lambda t: False, 20.0, 1.0) is None, stops
+    assert watch.live.looked["stage_trend"] == pytest.approx(0.2), watch.live.looked
+
+
 def _early_stops(db: str) -> list[tuple[str, float]]:
     """The run's early_stop events: (criterion, t)."""
     with sqlite3.connect(db) as conn:

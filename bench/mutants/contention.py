@@ -12,6 +12,14 @@ HOST = "soakd/analysis/contention.py"
 CR = "soakd/analysis/criteria/"
 AGE = "tests/test_contention_frame_age.py"
 RULES = "tests/test_verdict_rules.py"
+EC = "tests/test_early_contention.py::"
+#: the fed looks of jitter and drops on a quiet and a contended host (both parameters)
+QUIET_OR_NOT = (
+    EC + "test_jitter_and_drops_stop_a_run_on_a_quiet_host_and_never_once_it_was_contended"
+)
+#: a running look's withholding on a contended host (each criterion's early_fail)
+WITHHELD = "    if host.withholds_looks(live.contended_ticks):\n        return None\n"
+STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 
 MUTANTS: tuple[Mutant, ...] = (
     # the one definition
@@ -36,8 +44,28 @@ MUTANTS: tuple[Mutant, ...] = (
            CR + "frame_age.py", "    if host.outpaced(ctx.data, ctx.measured):\n        return res",
            "    if False:\n        return res", (AGE,)),
     Mutant("the running frame-age look stops a run on a contended host (#31 contention)",
-           CR + "frame_age.py", "if live.generates or live.contended_ticks:",
+           CR + "frame_age.py", "if live.generates or host.withholds_looks(live.contended_ticks):",
            "if live.generates:", (AGE,)),
+    # the running looks (soakd/run/early_stop.py asks them; contention.withholds_looks)
+    Mutant("no running look is withheld on a contended host (#31 contention)", HOST,
+           "    return contended_ticks > 0\n", "    return False\n",
+           (QUIET_OR_NOT, STAGE_LOOK, AGE)),
+    Mutant("the running jitter look stops a run on a contended host (#31 contention)",
+           CR + "jitter.py", WITHHELD + "    col = next(", "    col = next(", (QUIET_OR_NOT,)),
+    Mutant("the running drops look stops a run on a contended host (#31 contention)",
+           CR + "drops.py", WITHHELD + "    most = live.planned_ticks()",
+           "    most = live.planned_ticks()", (QUIET_OR_NOT,)),
+    Mutant("the running stage_trend look stops a run on a contended host (#31 contention)",
+           CR + "stage_trend.py",
+           WITHHELD + "    alpha = live.look(\"stage_trend\"",
+           "    alpha = live.look(\"stage_trend\"", (STAGE_LOOK,)),
+    Mutant("a look counts frames before the tick that covers them has come (#31 contention)",
+           "soakd/run/early_stop.py",
+           "if self._tick is not None and (self._held or _end(rec) > self._tick):",
+           "if False:", (QUIET_OR_NOT,)),
+    Mutant("frames held for their tick are never counted (#31 contention)",
+           "soakd/run/early_stop.py", "while held and _end(held[0]) <= t:", "while False:",
+           (QUIET_OR_NOT, STAGE_LOOK)),
     # the other criteria read the same definition
     Mutant("jitter judges the contended frames as the quiet ones (#31 contention)",
            CR + "jitter.py", "busy, quiet = h.busy, h.quiet", "busy, quiet = h.quiet, h.busy",

@@ -27,6 +27,7 @@ LOOKS = "test_an_auto_run_looks_from_min_duration_s_on_and_an_undecided_look_sto
 DECIDES = "test_a_decided_look_stores_when_and_stops_the_run_once"
 SOAK = "test_an_auto_soak_stopped_early_is_aborted_fail_and_not_decided"
 CR = "soakd/analysis/criteria/"
+EC = "tests/test_early_contention.py::"
 BASE = CR + "base.py"
 VALIDITY = CR + "validity.py"
 AUTO = "soakd/run/auto_duration.py"
@@ -175,6 +176,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("an untested server queue stops a run (#35 early)", CR + "server_queue.py",
            "    if res.status != FAIL:\n        return None",
            "    if res.status == PASS:\n        return None", (P + FEW,)),
+    Mutant("an untested stage trend stops a run (#31 early)", CR + "stage_trend.py",
+           "    if res.status != FAIL:\n        return None\n    at = f\"alpha",
+           "    if res.status == PASS:\n        return None\n    at = f\"alpha",
+           (EC + "test_a_stage_look_on_too_few_windows_to_test_stops_nothing",)),
+    Mutant("the stage_trend look never stops a run (#31 early)", CR + "stage_trend.py",
+           "    if res.status != FAIL:\n        return None\n    at = f\"alpha",
+           "    if True:\n        return None\n    at = f\"alpha",
+           (EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host",)),
     Mutant("jitter's allowance of the frames seen so far, not the planned run (#35 early)",
            CR + "jitter.py", "allowed = jitter_allowed(crit, int(live.planned_ticks()))",
            "allowed = jitter_allowed(crit, live.rows)", (P + JIT,)),
