@@ -3,7 +3,8 @@ stage_trend never stops a run once a telemetry tick since the warm-up saw other 
 holding the host's CPUs, nor counts a frame before the tick that covers it has come; on a
 quiet host the same faults still stop it; stage_trend stops a run whose stage slows toward
 the frame budget, never a flat one. Fed to the run's own early-stop observer as a run hands
-frames and samples over, and real soaks."""
+frames and samples over, and real soaks. And the verdict's frame age: a backlog that
+contention built and that drains after the host went quiet is the host's (stored runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import numpy as np
@@ -19,11 +20,15 @@ import pytest
 
 from soakd.analysis.criteria import drops, jitter, stage_trend
 from soakd.analysis.criteria.base import STAGE_FRAME_COLUMNS, Live, LiveHistogram, LiveTable
+from soakd.analysis.model import CriterionResult
 from soakd.config import CriteriaSettings
 from soakd.observers.base import Progress
 from soakd.records import Event, FrameRecord, Sample
 from soakd.run.early_stop import EarlyStop
 from soakd.run.runner import run_soak
+from soakd.store import db as store
+
+from .stored_runs import healthy, judged, store_run
 
 #: a telemetry tick's (host_cpu_pct, soakd's cpu_pct) on 2 CPUs: others 5 % and 95 %
 QUIET, BUSY = (45.0, 80.0), (100.0, 10.0)
@@ -201,3 +206,81 @@ def test_a_healthy_soak_beside_cpu_spinners_is_never_stopped_early_by_the_host(
     # time), which the verdict never excuses; the spikes the host made are not the model's
     j = res.verdict.get("jitter")
     assert j is not None and j.status != "fail", j
+
+
+# ------------------------------------------------- a backlog draining after contention
+
+DUR, FPS = 120.0, 10.0
+
+
+def _queue(slow: tuple[float, float], quiet_ms: float = 80.0, slow_ms: float = 250.0) -> dict:
+    """A healthy run's columns with its frames through one first-in-first-out queue
+    (``consume = "oldest"``) at 10 fps: each takes ``quiet_ms``, or ``slow_ms`` when
+    dispatched within ``slow`` (s): a backlog builds there and drains for about half a
+    minute after it. Ages, stage times and queue lengths as the queue makes them."""
+    cols = healthy(DUR, FPS, 5.0)
+    cap = np.asarray(cols["t_capture"], dtype=float)
+    done, age, service = 0.0, np.empty(cap.size), np.empty(cap.size)
+    for i, c in enumerate(cap):
+        d = max(c, done)
+        service[i] = slow_ms if slow[0] <= d < slow[1] else quiet_ms
+        age[i], done = (d - c) * 1e3, d + service[i] / 1e3
+    disp = cap + age / 1e3
+    cols["frame_age_ms"], cols["infer_ms"] = age, service - 2.5
+    cols["total_ms"] = service
+    cols["queue_len"] = np.array([int(np.sum((cap[:i] < c) & (disp[:i] > c)))
+                                  for i, c in enumerate(cap)])  # fmt: skip
+    return cols
+
+
+def _ticks(busy: tuple[float, float]) -> list[Sample]:
+    """Host ticks every 0.5 s on 1 CPU: other processes at 95 % in ``busy`` (s), else 10 %."""
+    out = []
+    for i, t in enumerate(np.arange(0.5, DUR + 0.5, 0.5)):
+        host = 100.0 if busy[0] <= t - 0.25 < busy[1] else 20.0
+        values = {"rss_bytes": 400 << 20, "host_cpu_pct": host, "cpu_pct": 5.0,
+                  "server_cpu_pct": 5.0}  # fmt: skip
+        out.append(Sample(i, float(t), 0.0, 0.0, 0.1, values))
+    return out
+
+
+@pytest.fixture(scope="module")
+def conn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sqlite3.Connection]:
+    c = store.connect(tmp_path_factory.mktemp("backlog") / "runs.db")
+    yield c
+    c.close()
+
+
+def _age(conn: sqlite3.Connection, rid: str, slow: tuple[float, float],
+         busy: tuple[float, float]) -> CriterionResult:  # fmt: skip
+    """The frame_age of a stored run of ``_queue(slow)`` with the host contended in
+    ``busy``, judged as ``soakd gate`` judges it (p95 limit 1 s, the default 75 %)."""
+    store_run(conn, rid, _queue(slow), crit={"max_age_p95_ms": 1000.0}, dur=DUR, fps=FPS,
+              run={"consume": "oldest"}, samples=_ticks(busy),
+              environment={"cpu_count": 1})  # fmt: skip
+    got = judged(conn, rid).get("frame_age")
+    assert got is not None
+    return got
+
+
+def test_a_backlog_draining_after_contention_is_the_host_s_not_the_model_s(conn) -> None:
+    """Other processes hold the host from 40 s to 55 s and the frames take 250 ms instead
+    of 80 ms there: the backlog drains until about 90 s, its frames waiting on a quiet
+    host behind the ones contention queued. Their ages are the host's: frame_age is INVALID
+    "the host was contended", the drained frames counted contended, never FAIL."""
+    age = _age(conn, "drain", (40.0, 55.0), (40.0, 55.0))
+    assert age.status == "invalid", age.detail
+    assert age.detail.startswith("the host was contended: "), age.detail
+    assert "or queued behind frames that did (" in age.detail, age.detail
+    cn = age.evidence["contention"]
+    assert cn["frames_behind"] > 300 and not cn["quiet_fails"], cn
+
+
+def test_the_same_backlog_on_a_quiet_host_or_after_the_queue_drained_fails(conn) -> None:
+    """The same slowdown with the host quiet throughout FAILs frame_age; and with the host
+    contended from 10 s to 20 s instead (the queue empty again long before 40 s: the chain
+    of queued frames ends), the backlog is still the model's: FAIL."""
+    assert _age(conn, "quiet", (40.0, 55.0), (0.0, 0.0)).status == "fail"
+    early = _age(conn, "early", (40.0, 55.0), (10.0, 20.0))
+    assert early.status == "fail", early.detail
+    assert early.evidence["contention"]["frames_contended"] < 120, early.evidence["contention"]

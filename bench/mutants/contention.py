@@ -19,6 +19,7 @@ QUIET_OR_NOT = (
 )
 #: a running look's withholding on a contended host (each criterion's early_fail)
 WITHHELD = "    if host.withholds_looks(live.contended_ticks):\n        return None\n"
+DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_model_s"
 STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -31,6 +32,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("the served model's CPU counted as other processes' (#31 contention)", HOST,
            "own_cores = np.nan_to_num(own) + np.nan_to_num(server)",
            "own_cores = np.nan_to_num(own)", (AGE,)),
+    Mutant("a backlog draining after contention judged as the model's (#31 contention)",
+           HOST, "    return h._replace(busy=behind(h.busy, capture, dispatch, stream))\n",
+           "    return h\n", (DRAIN,)),
+    Mutant("the queue's chain never ends when the queue drained (#31 contention)", HOST,
+           "link[1:] = dispatch[idx[:-1]] > capture[idx[1:]]", "link[1:] = True",
+           (EC + "test_the_same_backlog_on_a_quiet_host_or_after_the_queue_drained_fails",)),
     # frame age
     Mutant("frame age judges the contended frames as the quiet ones (#31 contention)",
            CR + "frame_age.py", "quiet[ok] = h.quiet", "quiet[ok] = h.busy", (AGE,)),
