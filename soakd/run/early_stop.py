@@ -183,10 +183,12 @@ class EarlyStop(Observer):
 
     def _count_losses(self) -> None:
         """Dropped and stale since t0, every stream's running counters less their value at
-        the end of the warm-up (counted at the look, not at every frame)."""
-        base = self._base
-        self.live.dropped = sum(d - base.get(s, (0, 0))[0] for s, (d, _) in self._last.items())
-        self.live.stale = sum(x - base.get(s, (0, 0))[1] for s, (_, x) in self._last.items())
+        the end of the warm-up (counted at the look, not at every frame; under the lock the
+        frames are counted under, from the sink's and the sampler's threads)."""
+        with self._lock:
+            base, last = self._base, list(self._last.items())
+            self.live.dropped = sum(d - base.get(s, (0, 0))[0] for s, (d, _) in last)
+            self.live.stale = sum(x - base.get(s, (0, 0))[1] for s, (_, x) in last)
 
     def _torch_ooms(self, v: Any) -> None:
         if v is None:
