@@ -12,6 +12,15 @@ HOST = "soakd/analysis/contention.py"
 CR = "soakd/analysis/criteria/"
 AGE = "tests/test_contention_frame_age.py"
 RULES = "tests/test_verdict_rules.py"
+EC = "tests/test_early_contention.py::"
+#: the fed looks of jitter and drops on a quiet and a contended host (both parameters)
+QUIET_OR_NOT = (
+    EC + "test_jitter_and_drops_stop_a_run_on_a_quiet_host_and_never_once_it_was_contended"
+)
+#: a running look's withholding on a contended host (each criterion's early_fail)
+WITHHELD = "    if host.withholds_looks(live.contended_ticks):\n        return None\n"
+DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_model_s"
+STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 
 MUTANTS: tuple[Mutant, ...] = (
     # the one definition
@@ -23,6 +32,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("the served model's CPU counted as other processes' (#31 contention)", HOST,
            "own_cores = np.nan_to_num(own) + np.nan_to_num(server)",
            "own_cores = np.nan_to_num(own)", (AGE,)),
+    Mutant("a backlog draining after contention judged as the model's (#31 contention)",
+           HOST, "    return h._replace(busy=behind(h.busy, capture, dispatch, stream))\n",
+           "    return h\n", (DRAIN,)),
+    Mutant("the queue's chain never ends when the queue drained (#31 contention)", HOST,
+           "link[1:] = dispatch[idx[:-1]] > capture[idx[1:]]", "link[1:] = True",
+           (EC + "test_the_same_backlog_on_a_quiet_host_or_after_the_queue_drained_fails",)),
     # frame age
     Mutant("frame age judges the contended frames as the quiet ones (#31 contention)",
            CR + "frame_age.py", "quiet[ok] = h.quiet", "quiet[ok] = h.busy", (AGE,)),
@@ -36,8 +51,28 @@ MUTANTS: tuple[Mutant, ...] = (
            CR + "frame_age.py", "    if host.outpaced(ctx.data, ctx.measured):\n        return res",
            "    if False:\n        return res", (AGE,)),
     Mutant("the running frame-age look stops a run on a contended host (#31 contention)",
-           CR + "frame_age.py", "if live.generates or live.contended_ticks:",
+           CR + "frame_age.py", "if live.generates or host.withholds_looks(live.contended_ticks):",
            "if live.generates:", (AGE,)),
+    # the running looks (soakd/run/early_stop.py asks them; contention.withholds_looks)
+    Mutant("no running look is withheld on a contended host (#31 contention)", HOST,
+           "    return contended_ticks > 0\n", "    return False\n",
+           (QUIET_OR_NOT, STAGE_LOOK, AGE)),
+    Mutant("the running jitter look stops a run on a contended host (#31 contention)",
+           CR + "jitter.py", WITHHELD + "    col = next(", "    col = next(", (QUIET_OR_NOT,)),
+    Mutant("the running drops look stops a run on a contended host (#31 contention)",
+           CR + "drops.py", WITHHELD + "    most = live.planned_ticks()",
+           "    most = live.planned_ticks()", (QUIET_OR_NOT,)),
+    Mutant("the running stage_trend look stops a run on a contended host (#31 contention)",
+           CR + "stage_trend.py",
+           WITHHELD + "    alpha = live.look(\"stage_trend\"",
+           "    alpha = live.look(\"stage_trend\"", (STAGE_LOOK,)),
+    Mutant("a look counts frames before the tick that covers them has come (#31 contention)",
+           "soakd/run/early_stop.py",
+           "if self._tick is not None and (self._held or _end(rec) > self._tick):",
+           "if False:", (QUIET_OR_NOT,)),
+    Mutant("frames held for their tick are never counted (#31 contention)",
+           "soakd/run/early_stop.py", "while held and _end(held[0]) <= t:", "while False:",
+           (QUIET_OR_NOT, STAGE_LOOK)),
     # the other criteria read the same definition
     Mutant("jitter judges the contended frames as the quiet ones (#31 contention)",
            CR + "jitter.py", "busy, quiet = h.busy, h.quiet", "busy, quiet = h.quiet, h.busy",

@@ -27,6 +27,7 @@ LOOKS = "test_an_auto_run_looks_from_min_duration_s_on_and_an_undecided_look_sto
 DECIDES = "test_a_decided_look_stores_when_and_stops_the_run_once"
 SOAK = "test_an_auto_soak_stopped_early_is_aborted_fail_and_not_decided"
 CR = "soakd/analysis/criteria/"
+EC = "tests/test_early_contention.py::"
 BASE = CR + "base.py"
 VALIDITY = CR + "validity.py"
 AUTO = "soakd/run/auto_duration.py"
@@ -149,8 +150,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "if most > 0 and live.lost > crit.max_drop_fraction * most:",
            "if most > 0 and live.lost >= crit.max_drop_fraction * most:", (P + DROPS,)),
     Mutant("drops before the warm-up's end counted by the early stop (#35 early)", EARLY,
-           "sum(d - base.get(s, (0, 0))[0] for s, (d, _) in self._last.items())",
-           "sum(d for s, (d, _) in self._last.items())", (P + DROPS,)),
+           "sum(d - base.get(s, (0, 0))[0] for s, (d, _) in last)",
+           "sum(d for s, (d, _) in last)", (P + DROPS,)),
     Mutant("warm-up frames' errors counted by the early stop (#35 early)", EARLY,
            "if rec.warmup or live.t0 is None or rec.t_capture < live.t0:",
            "if live.t0 is None:", (P + ERRS,)),
@@ -175,6 +176,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("an untested server queue stops a run (#35 early)", CR + "server_queue.py",
            "    if res.status != FAIL:\n        return None",
            "    if res.status == PASS:\n        return None", (P + FEW,)),
+    Mutant("an untested stage trend stops a run (#31 early)", CR + "stage_trend.py",
+           "    if res.status != FAIL:\n        return None\n    at = f\"alpha",
+           "    if res.status == PASS:\n        return None\n    at = f\"alpha",
+           (EC + "test_a_stage_look_on_too_few_windows_to_test_stops_nothing",)),
+    Mutant("the stage_trend look never stops a run (#31 early)", CR + "stage_trend.py",
+           "    if res.status != FAIL:\n        return None\n    at = f\"alpha",
+           "    if True:\n        return None\n    at = f\"alpha",
+           (EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host",)),
     Mutant("jitter's allowance of the frames seen so far, not the planned run (#35 early)",
            CR + "jitter.py", "allowed = jitter_allowed(crit, int(live.planned_ticks()))",
            "allowed = jitter_allowed(crit, live.rows)", (P + JIT,)),

@@ -1,7 +1,7 @@
 """Host contention, from soakd's own telemetry: how much of the host's CPUs other processes
 held at each sampler tick, and which frames, windows or ticks were **contended** (the one
 definition every criterion that excuses the host reads: jitter, drops, frame_age,
-stage_trend, and the running frame-age look).
+stage_trend, and the running looks of those four: ``withholds_looks``).
 
 "Other processes" are the host's busy CPU (``host_cpu_pct``: every CPU, % of all of them)
 less soakd's own process (``cpu_pct``, % of one core: the in-process model included) and,
@@ -9,7 +9,9 @@ for a served model, the server's process tree (``server_cpu_pct``): what is left
 model under test did not use. A tick covers the time since the tick before it, so a frame
 ran under the ticks from the one at or after its start to the one at or after its end. An
 interval is contended when other processes held ``criteria.contended_cpu_pct`` % of the
-CPUs or more over it (the mean of its ticks); 100 turns the rule off.
+CPUs or more over it (the mean of its ticks); 100 turns the rule off. A frame's wait is
+contended too when it queued behind a contended one (``behind``): a backlog built while the
+host was contended drains after it went quiet, and those frames' age is the host's.
 """
 
 from __future__ import annotations
@@ -63,6 +65,16 @@ def contended(others: np.ndarray | float, pct: float) -> np.ndarray:
         return np.isfinite(o) & (o >= pct)
 
 
+def withholds_looks(contended_ticks: int) -> bool:
+    """Whether the running look (``run.stop_on_fail``) of a criterion the host can fail
+    (jitter, drops, frame_age, stage_trend) must stop nothing: once one telemetry tick since
+    the warm-up was contended (``contended_ticks``, counted by soakd/run/early_stop.py with
+    ``contended``). The verdict sets the contended frames, windows or ticks aside; a look
+    cannot, so the run goes on and the verdict decides: an early FAIL is a claim about the
+    model, never about the other processes on the host."""
+    return contended_ticks > 0
+
+
 class Contention(NamedTuple):
     """Intervals (frames, windows or ticks) against the host: others' share over each
     (``others``, NaN where no tick covers it) and which were contended (``busy``)."""
@@ -106,6 +118,44 @@ def ticks(data: RunData, t0: float, t1: float, pct: float) -> Contention | None:
     off, or no host sample in it)."""
     t, others = data.samples["t"], other_cpu_pct(data)
     return _judged(pct, others[(t >= t0) & (t <= t1) & np.isfinite(others)])
+
+
+def waited(
+    data: RunData, capture: np.ndarray, dispatch: np.ndarray, stream: np.ndarray, pct: float
+) -> Contention | None:
+    """Frames' waits (``capture`` .. ``dispatch``, seconds since the run's start, in
+    capture order) against the host: contended when the wait itself was (``during``) or
+    when the frame queued behind a frame whose wait was (``behind``): a backlog that
+    contention built and that drains after the host went quiet is the host's. None as for
+    ``during``."""
+    h = during(data, capture, dispatch, pct)
+    if h is None:
+        return None
+    return h._replace(busy=behind(h.busy, capture, dispatch, stream))
+
+
+def behind(
+    busy: np.ndarray, capture: np.ndarray, dispatch: np.ndarray, stream: np.ndarray
+) -> np.ndarray:
+    """``busy`` (frames whose own wait was contended, in capture order) and every frame that
+    queued behind one: captured while the frame before it in its ``stream``'s queue had
+    not been dispatched yet, that one contended or queued behind one itself. Such a frame
+    waits out the backlog the contention built, however quiet the host is while it waits;
+    the chain ends at the first frame captured after the one before it was dispatched (the
+    queue had drained to it). A queue that keeps only the latest frame never chains (a
+    frame still queued when the next came was dropped, not dispatched)."""
+    out = busy.copy()
+    key = np.nan_to_num(np.asarray(stream, dtype=np.float64), nan=-1.0)
+    for s in np.unique(key):
+        idx = np.flatnonzero(key == s)
+        b = busy[idx].astype(np.int64)
+        link = np.zeros(idx.size, dtype=bool)
+        link[1:] = dispatch[idx[:-1]] > capture[idx[1:]]  # still queued when the next came
+        chain = np.cumsum(~link) - 1  # each chain of frames queued behind each other
+        seen = np.cumsum(b)
+        before = (seen - b)[~link]  # the contended frames before each chain's first
+        out[idx] = seen - before[chain] > 0
+    return out
 
 
 def others_during(data: RunData, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -2,15 +2,18 @@
 half of the criteria's protocol (``early_fail(live, crit)`` in soakd/analysis/criteria).
 
 It keeps what the criteria ask of a running run (``criteria.base.Live``: errors, drops and
-stale frames, OOMs and the telemetry since the end of the warm-up; the values of the
-``abort_on_fail`` thresholds' columns) and asks the criteria once a second, on the progress
-snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default false for
-``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM, losses past
-``max_drop_fraction`` of every tick the planned run can have, a memory floor or the frame
-age (its window medians, ``Live.add_age``) rising significantly at the alpha a
-Pocock-type spending function gives this look (``criteria.base.look_alpha``; frame age not
-once a tick since the warm-up saw the host contended, ``Live.contended_ticks``: the verdict
-sets those frames aside, a look cannot). The
+stale frames, OOMs, the stage times and the telemetry since the end of the warm-up; the
+values of the ``abort_on_fail`` thresholds' columns) and asks the criteria once a second,
+on the progress snapshot. The built-in criteria are asked with ``run.stop_on_fail`` (default
+false for ``soakd run``, true under ``plan run``): errors past ``max_errors``, an OOM,
+losses past ``max_drop_fraction`` of every tick the planned run can have, a memory floor,
+the frame age (its window medians, ``Live.add_age``) or a stage time rising significantly
+at the alpha a Pocock-type spending function gives this look (``criteria.base.look_alpha``),
+jitter past its allowance. Those the host can fail (jitter, drops, frame age, stage trend)
+stop nothing once a tick since the warm-up saw the host contended
+(``contention.withholds_looks`` on ``Live.contended_ticks``): the verdict sets those frames
+aside, a look cannot; and a frame is counted only once the tick at or after its end has
+come (``EarlyStop.on_frame``), so no look counts a frame whose host it has not seen. The
 ``abort_on_fail`` thresholds are asked always. The first that fails stores an
 ``early_stop`` event naming the criterion and ends the run; the verdict then confirms that
 criterion FAILs on everything stored (FAIL) or, if it does not, judges the cut-short run
@@ -22,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -30,6 +35,7 @@ from typing import Any
 from soakd.analysis import contention
 from soakd.analysis.criteria.base import (
     EARLY_STOP_EVENT,
+    STAGE_FRAME_COLUMNS,
     EarlyFail,
     Live,
     LiveHistogram,
@@ -41,7 +47,7 @@ from soakd.analysis.server import SERVER_MEMORY_METRICS
 from soakd.analysis.verdict import CRITERIA
 from soakd.config import SERVER_KV_METRICS, SERVER_WAITING_METRICS, CriteriaSettings, Settings
 from soakd.observers.base import Observer, Progress, RunInfo
-from soakd.records import Event, FrameRecord, Sample, ServerMetric
+from soakd.records import STAGE_COLUMNS, Event, FrameRecord, Sample, ServerMetric
 
 #: the telemetry columns the running criteria read: soakd's memory and a served model's
 _SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_METRICS))
@@ -49,6 +55,13 @@ _SAMPLE_COLUMNS = tuple(col for _, col, _ in (*MEMORY_METRICS, *SERVER_MEMORY_ME
 _HOST_COLUMNS = ("host_cpu_pct", "cpu_pct", "server_cpu_pct")
 #: the stage times jitter judges (infer, or a session's output latency when untimed)
 _JITTER_COLUMNS = ("infer_ms", "output_latency_ms")
+#: rows of the live stage times (``Live.frames``, 6 columns: 96 KB): 3.4 minutes at 10 fps
+#: frame by frame, every other frame past that (then every 4th...); a look judges at most
+#: LOOK_MAX_WINDOWS windows of them
+LIVE_FRAME_ROWS = 2048
+#: frames held for a telemetry tick at most (``EarlyStop.on_frame``): past that the oldest
+#: are counted without one (a sampler that stopped ticking must not grow soakd's memory)
+HELD_MAX = 4096
 #: a served model's queue metrics (summed over their label sets at each tick)
 _SERVER_COLUMNS = (*SERVER_WAITING_METRICS, *SERVER_KV_METRICS)
 
@@ -74,6 +87,12 @@ class EarlyStop(Observer):
         self._base: dict[int, tuple[int, int]] = {}  # stream -> (drops, stale) at t0
         self._last: dict[int, tuple[int, int]] = {}
         self._ooms_at: float | None = None  # the torch OOM counter's first reading
+        # frames that ended after the latest telemetry tick (``_tick``): held until a tick
+        # covers them, so a look counts no frame whose host it has not seen (the sampler and
+        # the frames' sink call in from their own threads)
+        self._tick: float | None = None
+        self._held: deque[FrameRecord] = deque()
+        self._lock = threading.Lock()
         self.fired: EarlyFail | None = None
         #: what losing this observer switches off (``Observer.decides``)
         self.decides = (
@@ -92,6 +111,25 @@ class EarlyStop(Observer):
             self.live.ooms += 1
 
     def on_frame(self, rec: FrameRecord) -> None:
+        """A frame, counted once a telemetry tick at or after its end has come (``_held``
+        until then): a look never counts a frame whose host it has not seen."""
+        with self._lock:
+            if self._tick is not None and (self._held or _end(rec) > self._tick):
+                self._held.append(rec)
+                if len(self._held) > HELD_MAX:  # no tick for long: the sampler is gone
+                    self._take(self._held.popleft())
+            else:
+                self._take(rec)
+
+    def _release(self, t: float) -> None:
+        """The held frames that ended by the tick at ``t``, counted (in their order)."""
+        with self._lock:
+            self._tick = t
+            held = self._held
+            while held and _end(held[0]) <= t:
+                self._take(held.popleft())
+
+    def _take(self, rec: FrameRecord) -> None:
         live, counts = self.live, (rec.drop_count, rec.stale_count)
         if rec.warmup or live.t0 is None or rec.t_capture < live.t0:
             self._base[rec.stream] = counts
@@ -101,6 +139,8 @@ class EarlyStop(Observer):
         live.errors += rec.error is not None
         if not rec.skipped and rec.frame_age_ms is not None and rec.t_dispatch is not None:
             live.add_age(rec.t_dispatch, rec.frame_age_ms)
+        if live.frames is not None and not rec.skipped and rec.t_dispatch is not None:
+            live.frames.append([rec.t_dispatch, *(_num(getattr(rec, c)) for c in STAGE_COLUMNS)])
         if not rec.skipped and rec.error is None:
             for col, hist in live.stage_ms.items():
                 v = getattr(rec, col)
@@ -115,9 +155,11 @@ class EarlyStop(Observer):
     def on_sample(self, sample: Sample) -> None:
         self._torch_ooms(sample.values.get("torch_ooms"))
         live = self.live
+        if live.t0 is not None and sample.t >= live.t0:
+            self._host(sample.values)
+        self._release(sample.t)  # after its host is counted: the frames it covers
         if live.t0 is None or sample.t < live.t0:
             return
-        self._host(sample.values)
         if live.samples is not None:
             values = sample.values
             live.samples.append([sample.t, *(_num(values.get(c)) for c in _SAMPLE_COLUMNS)])
@@ -141,10 +183,12 @@ class EarlyStop(Observer):
 
     def _count_losses(self) -> None:
         """Dropped and stale since t0, every stream's running counters less their value at
-        the end of the warm-up (counted at the look, not at every frame)."""
-        base = self._base
-        self.live.dropped = sum(d - base.get(s, (0, 0))[0] for s, (d, _) in self._last.items())
-        self.live.stale = sum(x - base.get(s, (0, 0))[1] for s, (_, x) in self._last.items())
+        the end of the warm-up (counted at the look, not at every frame; under the lock the
+        frames are counted under, from the sink's and the sampler's threads)."""
+        with self._lock:
+            base, last = self._base, list(self._last.items())
+            self.live.dropped = sum(d - base.get(s, (0, 0))[0] for s, (d, _) in last)
+            self.live.stale = sum(x - base.get(s, (0, 0))[1] for s, (_, x) in last)
 
     def _torch_ooms(self, v: Any) -> None:
         if v is None:
@@ -184,6 +228,15 @@ def _series(table: dict[str, LiveValues], key: str) -> LiveValues:
     return got
 
 
+def _end(rec: FrameRecord) -> float:
+    """When a frame's work ended (seconds since the run's start): done, else dispatched,
+    else captured (a stale frame)."""
+    for t in (rec.t_done, rec.t_dispatch):
+        if t is not None:
+            return t
+    return rec.t_capture
+
+
 def _num(v: Any) -> float:
     return math.nan if v is None else float(v)
 
@@ -209,13 +262,19 @@ def _rehearse(crit: CriteriaSettings, criteria: Sequence[ModuleType]) -> None:
     live.samples = LiveTable(("t", *_SAMPLE_COLUMNS), rows=1024)
     live.server = LiveTable(("t", *_SERVER_COLUMNS), rows=1024, floor=False)
     live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
+    # the stage times' table as large as the run's, and filled past it (40 frames a second):
+    # a stage look's largest copies are made now
+    live.frames = LiveTable(STAGE_FRAME_COLUMNS, rows=LIVE_FRAME_ROWS, floor=False)
     quick = crit.model_copy(update={"floor_window_s": 1.0, "min_frames": 1})
     watch = EarlyStop(live, quick, criteria, event=lambda e: None, stop=lambda r: None)
     watch.on_event(Event("warmup_end", 0.0, 0.0))
     for i in range(600):
         t = i / 10
-        watch.on_frame(FrameRecord(i, t, t, t, t, 0.0, 0.1, infer_ms=10.0 + i % 3,
-                                   total_ms=11.0, frame_age_ms=1.0 + t))  # fmt: skip
+        for j in range(4):
+            tj = t + j / 40
+            watch.on_frame(FrameRecord(4 * i + j, tj, tj, tj, tj, 0.0, 0.1,
+                                       infer_ms=10.0 + i % 3, total_ms=11.0,
+                                       frame_age_ms=1.0 + t))  # fmt: skip
         if i % 2 == 0:
             values: dict[str, float | int | None] = {c: 1e8 + 1e6 * t for c in _SAMPLE_COLUMNS}
             server = tuple(ServerMetric(i, t, c, "", t) for c in _SERVER_COLUMNS)
@@ -258,4 +317,5 @@ def watch_early_stop(
     live.samples = LiveTable(("t", *_SAMPLE_COLUMNS))
     live.server = LiveTable(("t", *_SERVER_COLUMNS), floor=False)
     live.stage_ms = {col: LiveHistogram() for col in _JITTER_COLUMNS}
+    live.frames = LiveTable(STAGE_FRAME_COLUMNS, rows=LIVE_FRAME_ROWS, floor=False)
     return [EarlyStop(live, crit, asked, event=event, stop=stop)]

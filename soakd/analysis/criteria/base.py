@@ -32,6 +32,7 @@ from soakd.analysis.model import (
     age_window_s,
 )
 from soakd.config import CriteriaSettings
+from soakd.records import STAGE_COLUMNS
 
 #: the event a run stores when a criterion that can no longer pass ends it early
 #: (``run.stop_on_fail``, or an ``abort_on_fail`` threshold); its data names the criterion
@@ -100,6 +101,9 @@ class EarlyFail:
     reason: str
     by: str = "stop_on_fail"  # the setting that asked: run.stop_on_fail or abort_on_fail
 
+
+#: the columns of ``Live.frames``: a measured frame's dispatch time and its stage times
+STAGE_FRAME_COLUMNS = ("t", *STAGE_COLUMNS)
 
 #: rows a live telemetry table holds (``LiveTable``): at the default 150 ms sampling, 41
 #: minutes at full resolution; past that pairs of rows merge (300 ms a row, then 600 ms...)
@@ -231,6 +235,9 @@ class Live:
     values: dict[str, LiveValues] = field(default_factory=dict)
     #: measured frames' infer times (and a session's output latency), as jitter judges them
     stage_ms: dict[str, LiveHistogram] = field(default_factory=dict)
+    #: measured frames' dispatch time and stage times (``STAGE_FRAME_COLUMNS``), as
+    #: stage_trend judges them; merged by keeping every other row when full; None until set
+    frames: LiveTable | None = None
     rows: int = 0  # post-warm-up frame rows (dispatched or skipped)
     #: a criterion's previous look, as a fraction of the planned run (alpha spending)
     looked: dict[str, float] = field(default_factory=dict)

@@ -227,7 +227,11 @@ def _contended_detail(cn: dict[str, Any]) -> str:
 def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     """Losses only add up: once those counted so far exceed ``max_drop_fraction`` of every
     tick the planned run can have, the fraction cannot end under the limit (a run ended
-    now has fewer ticks, so a larger fraction)."""
+    now has fewer ticks, so a larger fraction). Not once a tick since the warm-up saw the
+    host contended (``contention.withholds_looks``): the verdict sets the windows that lost
+    frames then aside, a look cannot."""
+    if host.withholds_looks(live.contended_ticks):
+        return None
     most = live.planned_ticks()
     if most > 0 and live.lost > crit.max_drop_fraction * most:
         why = (

@@ -207,14 +207,17 @@ def _against_host(
 ) -> CriterionResult:
     """A frame-age FAIL against the host (``t``, ``y``: every measured frame's dispatch time
     and age, so it waited from ``t - y`` to ``t``): the frames that waited while the host
-    was contended are set aside and the rule judges the rest. Their problems still FAIL
-    (the detail counts the contended frames); none: INVALID, with the figures. A model
-    whose median frame does not fit the frame period is not excused (``outpaced``)."""
+    was contended, or that queued behind such a frame (a backlog draining after the host
+    went quiet: ``contention.waited``), are set aside and the rule judges the rest. Their
+    problems still FAIL (the detail counts the contended frames); none: INVALID, with the
+    figures. A model whose median frame does not fit the frame period is not excused
+    (``outpaced``)."""
     c = ctx.crit
     if host.outpaced(ctx.data, ctx.measured):
         return res  # the rate, not the host, ages the frames: a backlog on any host
     ok = np.isfinite(y)
-    h = host.during(ctx.data, (t - y / 1e3)[ok], t[ok], c.contended_cpu_pct)
+    stream = ctx.data.frame("stream")[ctx.measured][ok]
+    h = host.waited(ctx.data, (t - y / 1e3)[ok], t[ok], stream, c.contended_cpu_pct)
     if h is None or not h.busy.any():
         return res
     quiet = ok.copy()
@@ -228,6 +231,8 @@ def _against_host(
     cn: dict[str, Any] = {
         "contended_cpu_pct": c.contended_cpu_pct,
         "frames_contended": int(h.busy.sum()),
+        # of them, those whose own wait was quiet: queued behind a contended frame
+        "frames_behind": int((h.busy & ~host.contended(h.others, c.contended_cpu_pct)).sum()),
         "frames_quiet": int(quiet.sum()),
         "aged_over_ms": cut,
         "aged_over": "max_age_p95_ms" if over_limit else "p95",
@@ -268,11 +273,18 @@ def _contended_detail(cn: dict[str, Any]) -> str:
         if cn["frames_quiet"]
         else "no frame waited outside it"
     )
+    behind = cn.get("frames_behind") or 0
+    queued = (
+        f" or queued behind frames that did ({behind} frame(s) waited out that backlog "
+        "after the host went quiet)"
+        if behind
+        else ""
+    )
     return (
         f"the host was contended: {share or 0:.0%} of the {cn['aged']} frame(s) older than "
         f"{cn['aged_over_ms']:.4g} ms ({over}) waited while other processes held >= "
-        f"{cn['contended_cpu_pct']:g} % of the CPUs ({figures}); {quiet}: soak on a quiet "
-        "host or pin CPUs"
+        f"{cn['contended_cpu_pct']:g} % of the CPUs{queued} ({figures}); {quiet}: soak on a "
+        "quiet host or pin CPUs"
     )
 
 
@@ -355,10 +367,10 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     the verdict tests it (``call_trend``) on the medians of the windows closed so far: a
     backlog that keeps growing stops the run without waiting for its planned end. A
     generator's frames are judged on their output intervals, not on frame age: not asked.
-    Nor once a tick since the warm-up saw the host contended (``Live.contended_ticks``): the
-    verdict sets the frames that waited then aside (``_against_host``), a look cannot, so
-    the run goes on and the verdict decides."""
-    if live.generates or live.contended_ticks:
+    Nor once a tick since the warm-up saw the host contended (``contention.withholds_looks``):
+    the verdict sets the frames that waited then aside (``_against_host``), a look cannot,
+    so the run goes on and the verdict decides."""
+    if live.generates or host.withholds_looks(live.contended_ticks):
         return None
     alpha = live.look("frame_age", LOOK_EVERY_WINDOWS * live.age_window_s, crit.alpha)
     if alpha is None:

@@ -352,8 +352,12 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     planned run can have: those frames stay over k x the final median unless the median
     rises past its bound, so the count can only grow past the allowance. Asked of a
     configured k (not ``"history"``) and the count rule's frames alone (not its recurrence
-    rule, nor a generator's intervals)."""
+    rule, nor a generator's intervals). Nor once a tick since the warm-up saw the host
+    contended (``contention.withholds_looks``): the verdict sets the frames run then aside,
+    a look cannot."""
     if live.generates or crit.jitter_k == "history" or not live.stage_ms:
+        return None
+    if host.withholds_looks(live.contended_ticks):
         return None
     col = next((c for c, h in live.stage_ms.items() if h.n), None)
     if col is None:

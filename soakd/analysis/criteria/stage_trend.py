@@ -1,7 +1,8 @@
 """Stage-time trend: a stage (grab, preprocess, infer, decode) whose window floors or medians
 rise significantly over ``max_stage_slope_ms_per_min`` and would use up the frame budget
 (1000 / fps, less the time the frame takes now) within ``criteria.horizon``. Judged like the
-memory floors: per window, Theil–Sen slope, the autocorrelation-corrected trend test.
+memory floors: per window, Theil–Sen slope, the autocorrelation-corrected trend test; and,
+like them, asked while the run goes (``early_fail``, ``run.stop_on_fail``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,25 @@ import numpy as np
 
 from soakd.analysis import contention as host
 from soakd.analysis import stats
-from soakd.analysis.criteria.base import Context, call_trend, span_to_test
-from soakd.analysis.model import FAIL, INVALID, MAX_WINDOWS, NA, PASS, CriterionResult
+from soakd.analysis.criteria.base import (
+    Context,
+    EarlyFail,
+    Live,
+    call_trend,
+    look_window,
+    span_to_test,
+)
+from soakd.analysis.data import make_run_data
+from soakd.analysis.model import (
+    FAIL,
+    INVALID,
+    MAX_WINDOWS,
+    NA,
+    PASS,
+    CriterionResult,
+    RunMeta,
+)
+from soakd.config import CriteriaSettings
 from soakd.records import STAGE_COLUMNS
 
 TITLE = "Stage time trend"
@@ -62,12 +80,13 @@ def _budget_left(ctx: Context, budget: float) -> float:
     return budget - float(np.median(last))
 
 
-def judge_stage_trend(ctx: Context) -> list[CriterionResult]:
+def judge_stage_trend(ctx: Context, window_s: float | None = None) -> list[CriterionResult]:
     """FAIL when a stage's window floors or medians rise significantly (each test at alpha
     over the number of tests, so the criterion's false-FAIL rate stays under alpha) over
     the tolerance and would exhaust the budget left within the horizon; n/a when a stage's
     trend could not be tested nor bounded under the tolerance (frame_age judges whether
-    the run is long enough for its timing)."""
+    the run is long enough for its timing). ``window_s``: the stage window (default
+    ``stage_window_s``; a running look's are longer, ``early_fail``)."""
     d, c = ctx.data, ctx.crit
     tol = c.max_stage_slope_ms_per_min
     fps = d.meta.fps
@@ -77,7 +96,7 @@ def judge_stage_trend(ctx: Context) -> list[CriterionResult]:
     budget = 1000.0 / fps
     left = _budget_left(ctx, budget)
     alpha = c.alpha / (len(STATS) * len(series))
-    w = stage_window_s(ctx.span, fps)
+    w = window_s if window_s is not None else stage_window_s(ctx.span, fps)
     rows: dict[str, dict[str, Any]] = {}
     worst: tuple[float, str] | None = None  # (hours to exhaustion, stage stat)
     open_: list[str] = []
@@ -225,3 +244,40 @@ def _not_applicable(
 def judge(ctx: Context) -> list[CriterionResult]:
     """This criterion's results (the protocol of soakd.analysis.criteria)."""
     return judge_stage_trend(ctx)
+
+
+#: seconds between two looks at the stage times while a run goes
+LOOK_EVERY_S = 10.0
+
+
+def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
+    """A stage slowing toward the frame budget, by the verdict's own rule
+    (``judge_stage_trend``, at most LOOK_MAX_WINDOWS windows) on the stage times so far
+    (``Live.frames``), at this look's share of alpha (``criteria.base.look_alpha``, over
+    the planned run; divided over the stages' tests as the verdict divides it): a FAIL
+    now is a rise significant at the alpha the looks may spend by now. Not for a generator
+    (judged on output intervals), nor once a tick since the warm-up saw the host contended
+    (``contention.withholds_looks``): the host may have slowed the stage, and the verdict
+    judges that."""
+    if live.generates or live.frames is None or not live.fps:
+        return None
+    if host.withholds_looks(live.contended_ticks):
+        return None
+    alpha = live.look("stage_trend", LOOK_EVERY_S, crit.alpha)
+    if alpha is None or live.t0 is None:
+        return None
+    cols = live.frames.snapshot()
+    t = cols.pop("t")
+    if t.size < 3:
+        return None
+    frames = {"t_capture": t, "frame_age_ms": np.zeros(t.size), **cols}  # dispatched at t
+    data = make_run_data(RunMeta("live", fps=live.fps), frames=frames)
+    every = np.ones(t.size, dtype=bool)
+    look = crit.model_copy(update={"alpha": alpha})
+    ctx = Context(data, look, live.t0, live.now, every, every, {}, {})
+    window = look_window(ctx.span, stage_window_s(ctx.span, live.fps))
+    [res] = judge_stage_trend(ctx, window)
+    if res.status != FAIL:
+        return None
+    at = f"alpha {alpha:.2g} at {live.fraction:.0%} of the run"
+    return EarlyFail("stage_trend", f"{res.detail}, significant at this look's {at}")
