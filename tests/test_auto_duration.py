@@ -51,7 +51,9 @@ def test_a_healthy_auto_run_stops_once_decided_and_says_when_and_what_it_could_s
     criterion says "decided after ..." with the slope each trend could see."""
     s = synthetic(*AUTO, "run.max_duration=60", "criteria.max_memory_growth_mb_per_min=60")
     res = run_soak(s)
-    assert res.status == "completed" and res.duration_s < 45, res.reason
+    # before max_duration, by deciding (a loaded host's noise takes longer to decide: the
+    # rule is the decided event, not how fast)
+    assert res.status == "completed" and res.duration_s < 60, res.reason
     assert res.verdict.status == "PASS", res.verdict.reason
     assert len(_events(s, "decided")) == 1
     run = res.verdict.get("run")

@@ -325,7 +325,8 @@ def test_a_jitter_fail_under_a_real_cpu_hog_names_host_load(tmp_path: Path) -> N
     for h in hogs:
         h.wait(30)
     out, err = soak.communicate(timeout=60)
-    assert soak.returncode == 1, err[-2000:]
+    # never PASS; INVALID beats FAIL where the starved run left another criterion unjudged
+    assert soak.returncode in (1, 3), (out[-3000:], err[-2000:])
     with sqlite3.connect(db) as conn:
         jitter = conn.execute("SELECT status FROM verdicts WHERE criterion = 'jitter'").fetchone()
     assert jitter == ("fail",), out

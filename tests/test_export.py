@@ -26,10 +26,12 @@ def soak_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     emissions) so every export has to pick its own run's rows."""
     db = tmp_path_factory.mktemp("export") / "soakd.db"
     p = run_cli("run", "--db", str(db), "--duration", "2s", "--fps", "20", "--no-live", *SYNTH_CLI)
-    assert p.returncode == 0, p.stderr[-2000:]
+    # a completed run to export, whatever its verdict (a loaded host can FAIL a 2 s soak)
+    assert p.returncode in (0, 1, 3), p.stderr[-2000:]
     conn = sqlite3.connect(db)
-    (rid,) = conn.execute("SELECT id FROM runs").fetchone()
+    (rid, status) = conn.execute("SELECT id, status FROM runs").fetchone()
     conn.close()
+    assert status == "completed", p.stderr[-2000:]
     conn = connect(db)
     other = make_run(conn, id="other", started_unix=1000.0)  # older: --latest is the soak
     rows = [(other, f, i, f + i / 10, 1.5, None, None, None) for f in range(4) for i in range(3)]

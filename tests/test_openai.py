@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import psutil
@@ -151,13 +152,36 @@ def test_faults_are_error_rows_naming_their_kind_and_status(db_path, server):
     assert criteria(db_path, result.run_id)["errors"] == "fail"
 
 
+def _kill_once_answered(db: Path, pid: int, answered: int = 3) -> None:
+    """SIGKILL ``pid`` from a thread once the soak writing ``db`` stored ``answered``
+    answered frames: mid-run however long a loaded host takes to start the soak."""
+
+    def answered_yet() -> bool:
+        if not db.exists():
+            return False
+        try:
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                q = "SELECT count(*) FROM frames WHERE error IS NULL AND t_done IS NOT NULL"
+                return int(conn.execute(q).fetchone()[0]) >= answered
+        except sqlite3.Error:  # the schema not written yet
+            return False
+
+    def kill() -> None:
+        deadline = time.monotonic() + 60
+        while not answered_yet() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill, daemon=True).start()
+
+
 def test_a_server_killed_mid_run_ends_it_invalid_with_the_cause_not_a_traceback(
     tmp_path, server, subprocess_env
 ):
     """SIGKILL on the server: refused requests, then INVALID (exit 3), an event says so."""
     srv = server()
     db = tmp_path / "k.db"
-    threading.Timer(3.0, lambda: os.kill(srv.pid, signal.SIGKILL)).start()
+    _kill_once_answered(db, srv.pid)
     out = run_cli(
         "run", "--no-live", "--db", str(db), "--duration", "20", "--fps", "5",
         "--set", "workload.kind=openai", "--set", f"workload.base_url={srv.base_url!r}",

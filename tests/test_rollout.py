@@ -405,6 +405,24 @@ def test_a_stage_that_grows_over_the_run_is_named() -> None:
     assert not any(h.startswith("stage denoise rose") for h in hints)
 
 
+@pytest.mark.parametrize(("share", "named"), [(0.32, False), (0.34, True)])
+def test_a_stage_is_named_dominant_only_from_a_third_of_the_chunk(
+    share: float, named: bool
+) -> None:
+    """The diagnosis says a stage "dominates the chunk" only when its median share of the
+    chunk's wall time is a third or more."""
+    n = 100
+    t = np.arange(n) / 10.0
+    frames = {"t_capture": t, "total_ms": np.full(n, 100.0), "warmup": (t < 1).astype(float)}
+    stages = {"denoise": np.full(n, 10.0), "memory_bank": np.full(n, 100.0 * share)}
+    data = make_run_data(RunMeta("g", shape="rollout", fps=10.0), frames=frames, stages=stages)
+    v = Verdict(run_id="g", status="PASS", exit_code=ExitCode.PASS, reason="", criteria=[])
+    v.window = {"t0": 1.0, "t1": 10.0}
+    hints = diagnose(data, v, CriteriaSettings())
+    assert any(h.startswith("stage memory_bank dominates") for h in hints) == named
+    assert not any(h.startswith("stage denoise dominates") for h in hints)
+
+
 # --- how a rollout ends
 
 
