@@ -151,6 +151,25 @@ def test_cpu_is_primed_when_built_so_the_first_tick_already_reports_it() -> None
         spin.wait()
 
 
+def test_server_cpu_agrees_with_psutil_s_over_the_same_second() -> None:
+    """server_cpu_pct of a spinning server over one second is psutil's cpu_percent of it
+    over the same second, within 15 points (read from /proc: user + system, per second)."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        probe = ServerProcessProbe(spin.pid)
+        theirs = psutil.Process(spin.pid)
+        time.sleep(0.2)
+        _sampled(probe)
+        theirs.cpu_percent(None)
+        time.sleep(1.0)
+        got = _sampled(probe)["server_cpu_pct"]
+        want = theirs.cpu_percent(None)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert isinstance(got, float) and want > 20 and abs(got - want) <= 15, (got, want)
+
+
 def test_a_server_that_dies_mid_run_leaves_its_keys_none_without_raising(tree: Tree) -> None:
     """Once the server has exited (not yet reaped, then reaped) its keys are None, never 0,
     and sample() does not raise."""
