@@ -93,6 +93,23 @@ def test_process_probe_reads_what_psutil_reads_for_this_process_and_host() -> No
     assert isinstance(got, float) and want > 30 and abs(got - want) <= 15, (got, want)
 
 
+def test_without_proc_the_process_probe_reads_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc cannot be read (another OS), ProcessProbe fills the same keys from
+    psutil: RSS near memory_info's, host memory, a host CPU figure; the run queue None."""
+    from soakd.telemetry import procfs
+
+    monkeypatch.setattr(procfs, "read", lambda path: None)
+    probe = ProcessProbe()
+    time.sleep(0.05)
+    into: Values = {}
+    probe.sample(into)
+    assert isinstance(into["rss_bytes"], int)
+    assert abs(into["rss_bytes"] - psutil.Process().memory_info().rss) < 2 * MB
+    assert into["sys_mem_total_bytes"] == psutil.virtual_memory().total
+    assert isinstance(into["cpu_pct"], float)
+    assert into["host_run_queue"] is None
+
+
 _SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
 
 
