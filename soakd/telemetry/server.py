@@ -53,7 +53,8 @@ from soakd.telemetry.probes import Probe, Values
 
 #: the longest one scrape of the server's /metrics may take (one interval when shorter)
 SCRAPE_TIMEOUT_S = 0.5
-#: how often the server's process tree is listed again (it walks every process on the host)
+#: how often the server's process tree is listed again (from /proc task files on Linux; psutil
+#: walks every process on the host)
 #: and, in port mode, checked to still listen there (one readlink of the socket it was found
 #: with; the host's TCP table only when that socket is gone); a process that vanishes lists
 #: it at once
@@ -271,7 +272,9 @@ class ServerProcessProbe:
     process there is a ``server_replaced`` change and sampling follows it; none is one
     ``server_lost`` (looked for again every ``TREE_REFRESH_S``). The tree below it is listed
     every ``TREE_REFRESH_S``, and at once when one of its processes vanishes, not every
-    tick (listing it walks every process on the host)."""
+    tick (psutil's listing walks every process on the host; the /proc one reads the tree's
+    threads). On Linux each tick reads each process's ``/proc/PID/stat`` and ``statm`` once
+    (``procfs``; a process whose start time changed is another one), elsewhere psutil."""
 
     name = "server_process"
 
