@@ -368,6 +368,21 @@ def test_the_server_s_rss_sums_every_descendant_not_only_its_children(
     assert got > psutil.Process(p.pid).memory_info().rss + 75 * MIB
 
 
+def test_the_tree_read_from_proc_is_psutil_s_every_descendant(
+    nested: tuple[subprocess.Popen[str], int, int],
+) -> None:
+    """procfs.descendants (the tree's own /proc task files, not a walk of the host) lists
+    the processes psutil's walk lists: the worker and the worker's own worker."""
+    from soakd.telemetry import procfs
+
+    if not procfs.HAS_CHILDREN:
+        pytest.skip("this kernel does not list children in /proc (CONFIG_PROC_CHILDREN)")
+    p, mid, leaf = nested
+    mine = procfs.descendants(p.pid)
+    theirs = {c.pid for c in psutil.Process(p.pid).children(recursive=True)}
+    assert mine is not None and set(mine) == theirs == {mid, leaf}
+
+
 _SPAWN_LATER = textwrap.dedent(
     """
     import subprocess, sys, time

@@ -401,6 +401,46 @@ def test_a_port_that_changes_hands_is_followed_though_the_old_server_lives_on() 
                 p.wait(5)
 
 
+def test_the_port_is_checked_by_the_socket_s_fd_not_the_host_s_tcp_table_each_refresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Port mode, the tree listed on every tick: while the server holds the socket it was
+    found listening with, the host's TCP table (psutil's net_connections, milliseconds on a
+    busy host) is read once, not at every refresh; once it closes that socket, the table is
+    read again and the port's new holder is followed."""
+    from soakd.telemetry import server as srv
+
+    monkeypatch.setattr(srv, "TREE_REFRESH_S", 0.0)
+    reads = 0
+    real = psutil.Process.net_connections
+
+    def counted(self: psutil.Process, kind: str = "inet") -> Any:
+        nonlocal reads
+        reads += 1
+        return real(self, kind)
+
+    monkeypatch.setattr(psutil.Process, "net_connections", counted)
+    a, port = _holder(0, 10)
+    b = None
+    try:
+        probe = ServerProcessProbe(a.pid, port=port)
+        for _ in range(10):
+            assert (_sample(probe).get("server_rss_bytes") or 0) > 10 * MB
+        assert reads <= 1, reads
+        b, _ = _holder(port, 60)
+        assert a.stdin is not None and a.stdout is not None
+        a.stdin.write("close\n")
+        a.stdin.flush()
+        a.stdout.readline()
+        assert (_sample(probe).get("server_rss_bytes") or 0) > 60 * MB
+        assert [c.kind for c in probe.take_changes()] == ["server_replaced"]
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(5)
+
+
 def test_the_process_tree_is_not_walked_every_tick_yet_workers_are_followed() -> None:
     """The server's children are listed again every TREE_REFRESH_S, or at once when one
     of them vanishes, never on every tick; a worker started later is counted once the tree
@@ -408,19 +448,19 @@ def test_the_process_tree_is_not_walked_every_tick_yet_workers_are_followed() ->
     from soakd.telemetry import server as srv
 
     walks = 0
-    real = psutil.Process.children
+    real = ServerProcessProbe._tree
 
-    def counted(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+    def counted(self: ServerProcessProbe, root: psutil.Process) -> list[psutil.Process]:
         nonlocal walks
         walks += 1
-        return real(self, recursive=recursive)
+        return real(self, root)
 
     parent = subprocess.Popen(
         [sys.executable, "-c", _SPAWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert parent.stdin is not None and parent.stdout is not None
     parent.stdout.readline()  # started: its RSS is its own from here on
-    psutil.Process.children = counted  # type: ignore[method-assign]
+    ServerProcessProbe._tree = counted  # type: ignore[method-assign]
     try:
         probe = ServerProcessProbe(parent.pid)
         alone = _sample(probe)["server_rss_bytes"] or 0
@@ -444,7 +484,7 @@ def test_the_process_tree_is_not_walked_every_tick_yet_workers_are_followed() ->
         assert got < alone + 10 * MB  # the worker that ended counts nothing
         assert walks >= 1  # its vanishing refreshed the tree at once
     finally:
-        psutil.Process.children = real  # type: ignore[method-assign]
+        ServerProcessProbe._tree = real  # type: ignore[method-assign]
         parent.kill()
         parent.wait(5)
 

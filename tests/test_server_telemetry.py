@@ -151,6 +151,44 @@ def test_cpu_is_primed_when_built_so_the_first_tick_already_reports_it() -> None
         spin.wait()
 
 
+def test_without_proc_the_probe_reads_the_same_tree_through_psutil(
+    tree: Tree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where /proc cannot be read (another OS), the server probe falls back to psutil: the
+    same RSS summed over the server and its worker, a CPU figure, the keys None once the
+    server is gone."""
+    from soakd.telemetry import procfs
+
+    monkeypatch.setattr(procfs, "read", lambda path: None)
+    probe = ServerProcessProbe(tree.pid, nvml=make_fake_pynvml(init_error="no driver"))
+    got = _sampled(probe)
+    procs = [psutil.Process(tree.pid), psutil.Process(tree.child)]
+    direct = sum(p.memory_info().rss for p in procs)
+    assert got["server_rss_bytes"] is not None and abs(got["server_rss_bytes"] - direct) < 2 * MB
+    assert isinstance(got["server_cpu_pct"], float)
+    tree.kill()
+    assert _sampled(probe) == dict.fromkeys((*SERVER_KEYS, "server_gpu_mem_bytes"))
+
+
+def test_server_cpu_agrees_with_psutil_s_over_the_same_second() -> None:
+    """server_cpu_pct of a spinning server over one second is psutil's cpu_percent of it
+    over the same second, within 15 points (read from /proc: user + system, per second)."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        probe = ServerProcessProbe(spin.pid)
+        theirs = psutil.Process(spin.pid)
+        time.sleep(0.2)
+        _sampled(probe)
+        theirs.cpu_percent(None)
+        time.sleep(1.0)
+        got = _sampled(probe)["server_cpu_pct"]
+        want = theirs.cpu_percent(None)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert isinstance(got, float) and want > 20 and abs(got - want) <= 15, (got, want)
+
+
 def test_a_server_that_dies_mid_run_leaves_its_keys_none_without_raising(tree: Tree) -> None:
     """Once the server has exited (not yet reaped, then reaped) its keys are None, never 0,
     and sample() does not raise."""

@@ -66,6 +66,50 @@ def test_process_probe_rss_rises_when_50_mb_are_touched() -> None:
     assert set(after) <= set(SAMPLE_FIELDS)
 
 
+def test_process_probe_reads_what_psutil_reads_for_this_process_and_host() -> None:
+    """ProcessProbe's numbers (from /proc and os.times) are psutil's: RSS within 2 MB of
+    memory_info's, host memory total equal, and a thread spinning for a second reads as
+    psutil's cpu_percent of this process over the same second, within 15 points."""
+    probe = ProcessProbe()
+    ours = psutil.Process()
+    ours.cpu_percent(None)
+    probe.sample({})
+    end = time.monotonic() + 1.0
+
+    def spin() -> None:
+        while time.monotonic() < end:
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    spinner.join()
+    into: Values = {}
+    probe.sample(into)
+    want = ours.cpu_percent(None)
+    rss = ours.memory_info().rss
+    assert isinstance(into["rss_bytes"], int) and abs(into["rss_bytes"] - rss) < 2 * MB
+    assert into["sys_mem_total_bytes"] == psutil.virtual_memory().total
+    got = into["cpu_pct"]
+    assert isinstance(got, float) and want > 30 and abs(got - want) <= 15, (got, want)
+
+
+def test_without_proc_the_process_probe_reads_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc cannot be read (another OS), ProcessProbe fills the same keys from
+    psutil: RSS near memory_info's, host memory, a host CPU figure; the run queue None."""
+    from soakd.telemetry import procfs
+
+    monkeypatch.setattr(procfs, "read", lambda path: None)
+    probe = ProcessProbe()
+    time.sleep(0.05)
+    into: Values = {}
+    probe.sample(into)
+    assert isinstance(into["rss_bytes"], int)
+    assert abs(into["rss_bytes"] - psutil.Process().memory_info().rss) < 2 * MB
+    assert into["sys_mem_total_bytes"] == psutil.virtual_memory().total
+    assert isinstance(into["cpu_pct"], float)
+    assert into["host_run_queue"] is None
+
+
 _SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
 
 

@@ -31,6 +31,7 @@ import contextlib
 import importlib
 import ipaddress
 import math
+import os
 import socket
 import subprocess
 import threading
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -47,12 +48,16 @@ import psutil
 from soakd.config import SERVED_KINDS
 from soakd.errors import UsageError
 from soakd.records import ServerMetric
+from soakd.telemetry import procfs
 from soakd.telemetry.probes import Probe, Values
 
 #: the longest one scrape of the server's /metrics may take (one interval when shorter)
 SCRAPE_TIMEOUT_S = 0.5
-#: how often the server's process tree is listed again (it walks every process on the host)
-#: and, in port mode, checked to still listen there; a process that vanishes lists it at once
+#: how often the server's process tree is listed again (from /proc task files on Linux; psutil
+#: walks every process on the host)
+#: and, in port mode, checked to still listen there (one readlink of the socket it was found
+#: with; the host's TCP table only when that socket is gone); a process that vanishes lists
+#: it at once
 TREE_REFRESH_S = 2.0
 #: the build-time check that the default /metrics answers
 CHECK_TIMEOUT_S = 2.0
@@ -147,11 +152,44 @@ def _topmost_listener(pid: int, port: int) -> int:
 
 
 def _listens(p: psutil.Process, port: int) -> bool:
+    return _listener(p, port) is not None
+
+
+#: a process's socket listening on a port: its fd and what /proc/PID/fd/FD links to
+#: (``socket:[INODE]``; None where /proc does not say)
+Listener = tuple[int, str | None]
+
+
+def _listener(p: psutil.Process, port: int) -> Listener | None:
+    """``p``'s socket listening on TCP ``port`` (None: none). Finding it reads the host's
+    whole TCP table (``/proc/net/tcp*``: milliseconds on a busy host), so the probe keeps
+    it and checks it with ``_holds``."""
     try:
         conns = p.net_connections(kind="tcp")
     except psutil.Error:
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            return c.fd, _fd_link(p.pid, c.fd)
+    return None
+
+
+def _fd_link(pid: int, fd: int) -> str | None:
+    if fd < 0:
+        return None
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
+
+
+def _holds(pid: int, listener: Listener | None) -> bool:
+    """``pid`` still holds the listening socket it was found with, on the same fd (one
+    readlink): a socket that listened stays listening until it is closed, and a closed
+    one's fd no longer links to its inode. False when /proc cannot say."""
+    if listener is None or listener[1] is None:
         return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
+    return _fd_link(pid, listener[0]) == listener[1]
 
 
 def _refuse_forwarder(pid: int, port: int) -> None:
@@ -234,7 +272,9 @@ class ServerProcessProbe:
     process there is a ``server_replaced`` change and sampling follows it; none is one
     ``server_lost`` (looked for again every ``TREE_REFRESH_S``). The tree below it is listed
     every ``TREE_REFRESH_S``, and at once when one of its processes vanishes, not every
-    tick (listing it walks every process on the host)."""
+    tick (psutil's listing walks every process on the host; the /proc one reads the tree's
+    threads). On Linux each tick reads each process's ``/proc/PID/stat`` and ``statm`` once
+    (``procfs``; a process whose start time changed is another one), elsewhere psutil."""
 
     name = "server_process"
 
@@ -258,6 +298,10 @@ class ServerProcessProbe:
         self._changes: list[ServerChange] = []
         self._next_refresh = 0.0
         self._lost = False
+        self._listener: Listener | None = None  # the root's socket on ``port``, kept
+        # read from /proc (one read of stat and statm a process a tick), else psutil
+        self._procfs = procfs.stat(pid) is not None
+        self._seen: dict[int, _Seen] = {}  # /proc: each process's identity and CPU baseline
         self._adopt(root)
         self._fresh = set()  # primed now: the first tick reads their CPU already
         self._nvml = _open_nvml(nvml)
@@ -270,6 +314,7 @@ class ServerProcessProbe:
         self.pid = root.pid
         self._born = _created(root)
         self._procs = {}
+        self._listener = None
         self._refresh()
 
     def _refresh(self) -> None:
@@ -278,16 +323,43 @@ class ServerProcessProbe:
         root = self._root
         assert root is not None
         self._next_refresh = time.monotonic() + TREE_REFRESH_S
-        try:
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            tree = [root]
-        known = {p.pid: self._procs.get(p.pid, p) for p in tree}
+        known = {p.pid: self._procs.get(p.pid, p) for p in self._tree(root)}
         self._fresh = set(known) - set(self._procs)
+        self._seen = {pid: s for pid, s in self._seen.items() if pid in known}
         for pid in self._fresh:
             with contextlib.suppress(psutil.Error):
-                known[pid].cpu_percent(None)
+                self._prime(known[pid])
         self._procs = known
+
+    def _tree(self, root: psutil.Process) -> list[psutil.Process]:
+        """The root and every process below it: from the tree's own /proc task files where
+        the kernel lists children (``procfs.descendants``), else psutil's walk of every
+        process on the host."""
+        kids = procfs.descendants(root.pid) if self._procfs else None
+        if kids is None:
+            try:
+                return [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return [root]
+        tree = [root]
+        for pid in kids:
+            p = self._procs.get(pid)
+            if p is None:
+                with contextlib.suppress(psutil.Error):
+                    p = psutil.Process(pid)
+            if p is not None:
+                tree.append(p)
+        return tree
+
+    def _prime(self, p: psutil.Process) -> None:
+        """A process first seen: its CPU counts from now."""
+        if not self._procfs:
+            p.cpu_percent(None)
+            return
+        st = procfs.stat(p.pid)
+        if st is None:
+            raise psutil.NoSuchProcess(p.pid)
+        self._seen[p.pid] = _Seen(st.start, st.cpu_s, time.monotonic())
 
     def take_changes(self) -> list[ServerChange]:
         """The changes since the last call (the sampler stores them as run events)."""
@@ -298,15 +370,33 @@ class ServerProcessProbe:
         """The root is still the process found (same create time, not a zombie) and, in port
         mode at a refresh, still listens on the port."""
         root = self._root
-        if root is None or not root.is_running():
-            return False
-        try:
-            if root.status() == psutil.STATUS_ZOMBIE:
-                return False  # exited, not reaped yet (its memory reads 0)
-        except psutil.Error:
+        if root is None or not self._alive(root):
             return False
         due = time.monotonic() >= self._next_refresh
-        return not (due and self.port is not None and not _listens(root, self.port))
+        return not (due and self.port is not None and not self._still_listens(root, self.port))
+
+    def _alive(self, root: psutil.Process) -> bool:
+        """The root is the process found (its start time unchanged) and no zombie (exited,
+        not reaped yet: its memory reads 0)."""
+        if self._procfs:
+            st, seen = procfs.stat(root.pid), self._seen.get(root.pid)
+            if st is None or seen is None:
+                return False
+            return st.start == seen.start and st.state != "Z"
+        if not root.is_running():
+            return False
+        try:
+            return bool(root.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
+
+    def _still_listens(self, root: psutil.Process, port: int) -> bool:
+        """``root`` listens on ``port``: it still holds the socket found listening there
+        (one readlink), else the host's TCP table is read again (and its socket kept)."""
+        if _holds(root.pid, self._listener):
+            return True
+        self._listener = _listener(root, port)
+        return self._listener is not None
 
     def _follow(self) -> None:
         """The server is gone or left its port: take whatever now serves where it was found
@@ -403,7 +493,7 @@ class ServerProcessProbe:
         rss, cpu, vanished = 0, 0.0, False
         for p in list(procs):
             try:
-                r, c = _usage(p, p.pid in self._fresh)
+                r, c = self._usage(p, p.pid in self._fresh)
             except psutil.Error:
                 if p.pid == self.pid:
                     return None
@@ -412,6 +502,21 @@ class ServerProcessProbe:
                 continue
             rss, cpu = rss + r, cpu + c
         return rss, cpu, vanished
+
+    def _usage(self, p: psutil.Process, new: bool) -> tuple[int, float]:
+        """(RSS, CPU % since the last tick) of one process; a new one's CPU counts from the
+        next. Raises ``psutil.NoSuchProcess`` when it is gone or its pid is another's now."""
+        if not self._procfs:
+            with p.oneshot():
+                return p.memory_info().rss, 0.0 if new else p.cpu_percent(None)
+        st, rss, seen = procfs.stat(p.pid), procfs.rss(p.pid), self._seen.get(p.pid)
+        if st is None or rss is None or seen is None or seen.start != st.start:
+            raise psutil.NoSuchProcess(p.pid)
+        now = time.monotonic()
+        dt = now - seen.at
+        cpu = 0.0 if new or dt <= 0 else round(100.0 * max(0.0, st.cpu_s - seen.cpu_s) / dt, 1)
+        self._seen[p.pid] = _Seen(st.start, st.cpu_s, now)
+        return rss, cpu
 
     def _gpu_bytes(self, pids: set[int]) -> int | None:
         """The GPU memory NVML reports for ``pids``, over every GPU; None when it reports
@@ -443,10 +548,13 @@ def _created(p: psutil.Process) -> float:
         return 0.0
 
 
-def _usage(p: psutil.Process, new: bool) -> tuple[int, float]:
-    """(RSS, CPU % since the last tick) of one process; a new one's CPU counts from the next."""
-    with p.oneshot():
-        return p.memory_info().rss, 0.0 if new else p.cpu_percent(None)
+class _Seen(NamedTuple):
+    """A process as /proc last read it: its start time (ticks since boot: with the pid, its
+    identity), its CPU seconds then and when (monotonic)."""
+
+    start: int
+    cpu_s: float
+    at: float
 
 
 def _open_nvml(nvml: Any) -> Any:
