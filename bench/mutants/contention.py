@@ -21,6 +21,7 @@ QUIET_OR_NOT = (
 WITHHELD = "    if host.withholds_looks(live.contended_ticks):\n        return None\n"
 DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_model_s"
 STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
+PAUSES = "tests/test_drops_pauses.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # the one definition
@@ -79,6 +80,16 @@ MUTANTS: tuple[Mutant, ...] = (
            (AGE,)),
     Mutant("drops judges the contended windows' loss rate as the quiet one (#31 contention)",
            CR + "drops.py", "quiet = has & h.quiet", "quiet = has & h.busy", (AGE,)),
+    # the pacer's pauses (contention.pauses; drops sets the contended ones' ticks aside)
+    Mutant("a pause is the host's whether or not the host was contended (#31 contention)",
+           HOST, "        contended=float(ticks[h.busy].sum()),",
+           "        contended=float(ticks.sum()),", (PAUSES,)),
+    Mutant("ticks missed in contended pauses counted as the model's (#31 contention)",
+           CR + "drops.py", "excused = min(p.contended, paused, unwindowed) if p is not None",
+           "excused = 0.0 if p is not None", (PAUSES,)),
+    Mutant("the quiet windows' losses forgotten beside contended pauses (#31 contention)",
+           CR + "drops.py", "at_rate = rate_q * (float(np.nansum(cap[has])) + excused)",
+           "at_rate = 0.0", (PAUSES,)),
     Mutant("stage_trend never sees the contended ticks (#31 contention)",
            CR + "stage_trend.py", "share = h.share() if h is not None else 0.0",
            "share = 0.0", (RULES,)),

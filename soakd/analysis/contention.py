@@ -11,11 +11,15 @@ ran under the ticks from the one at or after its start to the one at or after it
 interval is contended when other processes held ``criteria.contended_cpu_pct`` % of the
 CPUs or more over it (the mean of its ticks); 100 turns the rule off. A frame's wait is
 contended too when it queued behind a contended one (``behind``): a backlog built while the
-host was contended drains after it went quiet, and those frames' age is the host's.
+host was contended drains after it went quiet, and those frames' age is the host's. The
+ticks the pacer missed because soakd's process did not run on time (a ``pause`` event) are
+the host's when the pause itself was contended (``pauses``); a SIGSTOP on a quiet host is
+not.
 """
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +28,9 @@ from soakd.analysis.model import RunData
 
 #: ``criteria.contended_cpu_pct`` at this value turns the rule off: every frame is the model's
 OFF_PCT = 100.0
+
+#: the pacer's ``pause`` event (soakd/run/runner.py): "2 tick(s) missed (~100 ms): ..."
+_PAUSE = re.compile(r"^(\d+) tick\(s\) missed \(~(\d+(?:\.\d+)?) ms\)")
 
 
 def others_pct(
@@ -176,3 +183,48 @@ def others_during(data: RunData, start: np.ndarray, end: np.ndarray) -> np.ndarr
     lo, hi = lo[covered], hi[covered]
     out[covered] = (csum[hi + 1] - csum[lo]) / (hi - lo + 1)
     return out
+
+
+class Pauses(NamedTuple):
+    """The pacer's pauses (``pause`` events: ticks missed because soakd's process did not
+    run on time) against the host: the ticks missed in contended pauses (``contended``: the
+    host's) and in quiet ones (``quiet``), the events read and how many of them were
+    contended, the events the run stored beyond those loaded (``unread``: their ticks are
+    in neither count) and others' share over each contended pause (``others``)."""
+
+    contended: float
+    quiet: float
+    events: int
+    events_contended: int
+    unread: int
+    others: np.ndarray
+
+
+def pauses(data: RunData, pct: float) -> Pauses | None:
+    """The run's ``pause`` events against the host: each covers the time it says the pacer
+    missed (``n`` ticks, ``~ms``) up to the event, and is contended as any interval is
+    (``during``: the mean of others' share over the ticks covering it). A SIGSTOP stops the
+    sampler too: the tick after it covers the stop, quiet unless other processes held the
+    CPUs meanwhile. None when the rule is off or no tick covers a pause."""
+    t, n, ms = [], [], []
+    for e in data.events:
+        m = _PAUSE.match(str(e.get("message") or "")) if e.get("kind") == "pause" else None
+        if m is not None and e.get("t") is not None:
+            t.append(float(e["t"]))
+            n.append(float(m.group(1)))
+            ms.append(float(m.group(2)))
+    end, ticks = np.asarray(t, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    unread = max(int(data.event_counts.get("pause", 0)) - end.size, 0)
+    if not end.size:
+        return Pauses(0.0, 0.0, 0, 0, unread, np.zeros(0))
+    h = during(data, end - np.asarray(ms, dtype=np.float64) / 1e3, end, pct)
+    if h is None:
+        return None
+    return Pauses(
+        contended=float(ticks[h.busy].sum()),
+        quiet=float(ticks[h.quiet].sum()),
+        events=int(end.size),
+        events_contended=int(h.busy.sum()),
+        unread=unread,
+        others=h.others[h.busy],
+    )

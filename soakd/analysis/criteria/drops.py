@@ -87,18 +87,22 @@ def contention(
 ) -> dict[str, Any] | None:
     """The lost frames against the host: the windows in which it was contended (other
     processes held ``contended_cpu_pct`` or more of its CPUs over the window's ticks:
-    soakd.analysis.contention), the loss rate of the others (``quiet_rate``) and the
-    fraction the model would have lost at that rate (``quiet_fraction``), the losses no
-    window holds (missed ticks, frames left at the end) counted whole: a pause or a hang is
-    never excused. None when the rule is off, the host was not sampled or the model's median
-    frame does not fit the frame period (then the rate, not the host, loses the frames)."""
+    soakd.analysis.contention) and the ticks the pacer missed in contended pauses
+    (``contention.pauses``: soakd's process did not run on time while they held the CPUs),
+    the loss rate of the quiet windows (``quiet_rate``) and the fraction the model would
+    have lost at that rate (``quiet_fraction``): the rate applied to every window and to
+    the contended pauses' ticks, the losses no window holds (missed ticks of a slow source
+    or of a quiet pause: a SIGSTOP; frames left at the end: a hang) counted whole. None when
+    the rule is off, the host was not sampled or the model's median frame does not fit the
+    frame period (then the rate, not the host, loses the frames)."""
     d = ctx.data
     if not d.meta.fps or not np.isfinite(d.frame("total_ms")[ctx.measured]).any():
         return None
     if host.outpaced(d, ctx.measured):
         return None
+    pct = ctx.crit.contended_cpu_pct
     half = rates.width_s / 2
-    h = host.during(d, rates.t - half, rates.t + half, ctx.crit.contended_cpu_pct)
+    h = host.during(d, rates.t - half, rates.t + half, pct)
     if h is None:
         return None
     has = np.isfinite(cap)
@@ -106,19 +110,31 @@ def contention(
     quiet = has & h.quiet
     windowed = float(np.nansum(lost[has]))
     unwindowed = max(float(loss.lost) - windowed, 0.0)
+    p = host.pauses(d, pct)
+    paused = float(loss.missed_pause or 0.0)
+    excused = min(p.contended, paused, unwindowed) if p is not None else 0.0
     cap_q = float(np.nansum(cap[quiet]))
     rate_q = float(np.nansum(lost[quiet])) / cap_q if cap_q > 0 else 0.0
-    frac_q = (rate_q * float(np.nansum(cap[has])) + unwindowed) / loss.ticks if loss.ticks else 0.0
+    at_rate = rate_q * (float(np.nansum(cap[has])) + excused)
+    frac_q = (at_rate + unwindowed - excused) / loss.ticks if loss.ticks else 0.0
     lost_busy = float(np.nansum(lost[busy]))
+    others = np.concatenate([h.others[busy], p.others if p is not None else []])
+    others = others[np.isfinite(others)]
     return {
-        "contended_cpu_pct": ctx.crit.contended_cpu_pct,
+        "contended_cpu_pct": pct,
         "lost": float(loss.lost),
         "lost_contended": lost_busy,
-        "lost_contended_share": lost_busy / float(loss.lost) if loss.lost else None,
-        "lost_unwindowed": unwindowed,
+        "lost_contended_share": (lost_busy + excused) / float(loss.lost) if loss.lost else None,
+        "lost_unwindowed": unwindowed - excused,
+        "missed_pause": loss.missed_pause,
+        "missed_pause_contended": excused,
+        "missed_pause_kept": paused - excused if loss.missed_pause is not None else None,
+        "pause_events": p.events if p is not None else 0,
+        "pause_events_contended": p.events_contended if p is not None else 0,
+        "pause_events_unread": p.unread if p is not None else 0,
         "windows_contended": int(busy.sum()),
         "windows_quiet": int(quiet.sum()),
-        "others_contended_pct": h.median(busy),
+        "others_contended_pct": float(np.median(others)) if others.size else None,
         "quiet_rate": rate_q if cap_q > 0 else None,
         "quiet_fraction": frac_q,
         "quiet_fails": frac_q > ctx.crit.max_drop_fraction,
@@ -189,6 +205,8 @@ def judge_drops(ctx: Context) -> CriterionResult:
         if cn is not None and not cn["quiet_fails"]:
             status = INVALID
             detail = f"{_contended_detail(cn)}; {detail}"
+        elif cn is not None and (cn["lost_contended"] or cn["missed_pause_contended"]):
+            detail += _quiet_detail(cn)
     return CriterionResult(
         criterion="drops",
         title=title,
@@ -214,13 +232,33 @@ def _contended_detail(cn: dict[str, Any]) -> str:
         if rate is not None
         else "no window outside it"
     )
+    med = cn["others_contended_pct"]
     return (
-        f"the host was contended: {cn['lost_contended_share']:.0%} of the "
-        f"{cn['lost']:.0f} lost frame(s) fell in windows while other processes held >= "
-        f"{cn['contended_cpu_pct']:g} % of the CPUs (median {cn['others_contended_pct']:.0f} "
-        f"%); {rest}, {cn['quiet_fraction']:.1%} of the ticks with the "
-        f"{cn['lost_unwindowed']:.0f} missed or left at the end: soak on a quiet host or pin "
-        "CPUs"
+        f"the host was contended: {cn['lost_contended_share']:.0%} of the {cn['lost']:.0f} "
+        f"lost frame(s) fell while other processes held >= {cn['contended_cpu_pct']:g} % of "
+        f"the CPUs{f' (median {med:.0f} %)' if med is not None else ''}: {_set_aside(cn)}; "
+        f"{rest}, "
+        f"{cn['quiet_fraction']:.1%} of the ticks with the {cn['lost_unwindowed']:.0f} "
+        "missed or left at the end: soak on a quiet host or pin CPUs"
+    )
+
+
+def _set_aside(cn: dict[str, Any]) -> str:
+    """The host's share of the losses: the contended windows' and the pauses' ticks."""
+    text = f"{cn['lost_contended']:.0f} lost in {cn['windows_contended']} contended window(s)"
+    if cn["missed_pause"] is not None:
+        text += (
+            f", {cn['missed_pause_contended']:.0f} of the {cn['missed_pause']:.0f} tick(s) "
+            f"the pacer missed in pauses ({cn['missed_pause_kept']:.0f} kept as the model's)"
+        )
+    return text
+
+
+def _quiet_detail(cn: dict[str, Any]) -> str:
+    """Why failing losses stay FAIL on a host contended part of the time."""
+    return (
+        f"; set aside as the host's (other processes held >= {cn['contended_cpu_pct']:g} % "
+        f"of the CPUs): {_set_aside(cn)}, the rest alone loses {cn['quiet_fraction']:.1%}"
     )
 
 
