@@ -61,13 +61,14 @@ def test_verdict_module_only_composes() -> None:
 #: the criteria that can end a run early (run.stop_on_fail; thresholds: abort_on_fail)
 EARLY = {
     "errors", "oom", "drops", "memory", "frame_age", "thresholds", "jitter", "server_queue",
+    "stage_trend",
 }  # fmt: skip
 
 
 def test_the_criteria_that_stop_a_run_early_have_the_running_half_of_the_protocol() -> None:
-    """errors, oom, drops, memory (the server's too), frame_age, thresholds, jitter and
-    server_queue have ``early_fail(live, crit) -> EarlyFail | None``; no other criterion
-    claims one."""
+    """errors, oom, drops, memory (the server's too), frame_age, thresholds, jitter,
+    server_queue and stage_trend have ``early_fail(live, crit) -> EarlyFail | None``; no
+    other criterion claims one."""
     have = set()
     for name in _modules():
         module = import_module(f"soakd.analysis.criteria.{name}")
