@@ -14,6 +14,7 @@ TEL = "tests/test_server_telemetry.py::"
 FOL = "tests/test_server_followed.py::"
 
 PROBE = "soakd/telemetry/server.py"
+PROCFS = "soakd/telemetry/procfs.py"
 LIFE = "soakd/analysis/server.py"
 MEM = "soakd/analysis/criteria/memory.py"
 QUEUE = "soakd/analysis/criteria/server_queue.py"
@@ -47,11 +48,11 @@ UNLOADED = FOL + "test_server_changes_beyond_the_loaded_events_make_memory_inval
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the probe: how the tree is summed
-    Mutant("only the server's direct children summed, not their workers (#35 server)", PROBE,
-           "tree = [root, *root.children(recursive=True)]",
-           "tree = [root, *root.children(recursive=False)]", (NESTED,)),
+    Mutant("only the server's direct children summed, not their workers (#35 server)", PROCFS,
+           "            out += kids\n            todo += kids\n", "            out += kids\n",
+           (NESTED,)),
     Mutant("the server's children not summed at all (#35 server)", PROBE,
-           "tree = [root, *root.children(recursive=True)]", "tree = [root]", (SUMMED,)),
+           "        for pid in kids:\n", "        for pid in []:\n", (SUMMED,)),
     Mutant("the tree's RSS the largest process's, not the sum (#35 server)", PROBE,
            "rss, cpu = rss + r, cpu + c", "rss, cpu = max(rss, r), cpu + c", (SUMMED,)),
     Mutant("a worker started as another ended is left out of that tick (#35 server)", PROBE,
@@ -73,12 +74,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "return total if seen else None", "return total", (GPU_NONE,)),
     # -- the probe: who the server is, replaced, lost
     Mutant("an exited, unreaped server sampled as serving (#35 server)", PROBE,
-           "            if root.status() == psutil.STATUS_ZOMBIE:\n                return False",
-           "            if root.status() == psutil.STATUS_ZOMBIE:\n                return True",
+           'return st.start == seen.start and st.state != "Z"', "return st.start == seen.start",
            (ZOMBIE,)),
     Mutant("a server that left its port sampled as still serving (#35 server)", PROBE,
-           "return not (due and self.port is not None and not _listens(root, self.port))",
-           "return True", (HANDS,)),
+           "and not self._still_listens(root, self.port))", "and False)", (HANDS,)),
     Mutant("a server lost said on every look, not once (#35 server)", PROBE,
            "            if not self._lost:\n", "            if True:\n", (LOST_TWICE,)),
     Mutant("a replacement's own loss never said (#35 server)", PROBE,
