@@ -8,7 +8,7 @@ and events with ``soakd.store.db.insert_rows`` into a real SQLite run database, 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,25 @@ def flat_samples(dur: float, seed: int = 0, every: float = 0.5) -> list[Sample]:
         Sample(i, float(t), 0.0, 0.0, 0.1, {"rss_bytes": int(r), "cpu_pct": 50.0})
         for i, (t, r) in enumerate(zip(st, rss, strict=True))
     ]
+
+
+#: a tick of the host telemetry: (host_cpu_pct, soakd's cpu_pct, server_cpu_pct) on 1 CPU
+HostTick = tuple[float, float, float]
+
+
+def host_samples(
+    dur: float, tick: float, busy: Callable[[np.ndarray], np.ndarray], in_busy: HostTick,
+    rest: HostTick,
+) -> list[Sample]:  # fmt: skip
+    """Ticks every ``tick`` s, each covering the ``tick`` before it: ``in_busy`` where
+    ``busy(t)`` holds at the tick's middle, ``rest`` elsewhere; RSS flat."""
+    out = []
+    for i, t in enumerate(np.arange(tick, dur + tick, tick)):
+        host, own, server = in_busy if busy(np.asarray(t - tick / 2)) else rest
+        values = {"rss_bytes": 400 << 20, "host_cpu_pct": host, "cpu_pct": own,
+                  "server_cpu_pct": server}  # fmt: skip
+        out.append(Sample(i, float(t), 0.0, 0.0, 0.1, values))
+    return out
 
 
 def criteria(**over: Any) -> dict[str, Any]:

@@ -25,11 +25,9 @@ from soakd.run.early_stop import EarlyStop
 from soakd.run.runner import run_soak
 from soakd.store import db as store
 
-from .stored_runs import healthy, judged, store_run
+from .stored_runs import HostTick, healthy, host_samples, judged, store_run
 
 DUR, FPS, WARM, TICK = 120.0, 10.0, 5.0, 0.5
-#: a tick of the host telemetry: (host_cpu_pct, soakd's cpu_pct, server_cpu_pct) on 1 CPU
-HostTick = tuple[float, float, float]
 QUIET: HostTick = (20.0, 5.0, 5.0)  # others 10 %
 BUSY: HostTick = (100.0, 5.0, 0.0)  # others 95 %
 AT_LIMIT: HostTick = (85.0, 5.0, 5.0)  # others exactly 75 %, the default contended_cpu_pct
@@ -62,13 +60,7 @@ def _ages(kind: str) -> np.ndarray:
 def _samples(in_burst: HostTick, rest: HostTick = QUIET) -> list[Sample]:
     """Ticks every 0.5 s, each covering the half second before it: ``in_burst`` in the
     bursts, ``rest`` elsewhere; RSS flat."""
-    out = []
-    for i, t in enumerate(np.arange(TICK, DUR + TICK, TICK)):
-        host, own, server = in_burst if _in_burst(np.asarray(t - TICK / 2)) else rest
-        values = {"rss_bytes": 400 << 20, "host_cpu_pct": host, "cpu_pct": own,
-                  "server_cpu_pct": server}  # fmt: skip
-        out.append(Sample(i, float(t), 0.0, 0.0, 0.1, values))
-    return out
+    return host_samples(DUR, TICK, _in_burst, in_burst, rest)
 
 
 @pytest.fixture(scope="module")

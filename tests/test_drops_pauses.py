@@ -24,11 +24,9 @@ from soakd.records import Event, Sample
 from soakd.store import db as store
 
 from .conftest import SYNTH_CLI, soakd_cmd
-from .stored_runs import healthy, judged, store_run
+from .stored_runs import HostTick, healthy, host_samples, judged, store_run
 
 DUR, FPS, WARM, TICK = 60.0, 10.0, 5.0, 0.5
-#: a tick of the host telemetry: (host_cpu_pct, soakd's cpu_pct, server_cpu_pct) on 1 CPU
-HostTick = tuple[float, float, float]
 QUIET: HostTick = (20.0, 5.0, 5.0)  # others 10 %
 BUSY: HostTick = (100.0, 5.0, 0.0)  # others 95 %
 OWN_BUSY: HostTick = (95.0, 80.0, 5.0)  # soakd's own process (the model in it): others 10 %
@@ -47,13 +45,7 @@ def _in_burst(t: np.ndarray) -> np.ndarray:
 def _samples(in_burst: HostTick) -> list[Sample]:
     """Ticks every 0.5 s, each covering the half second before it: ``in_burst`` in the
     bursts, others at 10 % elsewhere; RSS flat."""
-    out = []
-    for i, t in enumerate(np.arange(TICK, DUR + TICK, TICK)):
-        host, own, server = in_burst if _in_burst(np.asarray(t - TICK / 2)) else QUIET
-        values = {"rss_bytes": 400 << 20, "host_cpu_pct": host, "cpu_pct": own,
-                  "server_cpu_pct": server}  # fmt: skip
-        out.append(Sample(i, float(t), 0.0, 0.0, 0.1, values))
-    return out
+    return host_samples(DUR, TICK, _in_burst, in_burst, QUIET)
 
 
 @pytest.fixture(scope="module")
