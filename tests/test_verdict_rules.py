@@ -121,21 +121,31 @@ def test_a_memory_trend_its_autocorrelation_leaves_untestable_is_invalid_never_p
     assert c.status == "invalid" and c.detail.startswith("untested"), c.detail
 
 
-def test_a_steep_slope_the_trend_test_does_not_find_significant_passes() -> None:
+def test_a_steep_slope_the_trend_test_does_not_confirm_is_undecided_never_pass() -> None:
     """Floors noisy enough (40 MB per sample) that their Theil–Sen slope reads above the
-    1.5 MB/min tolerance by chance, with p far above alpha: memory_rss passes, since a trend
-    fails only when it is both larger than the tolerance and significant."""
+    1.5 MB/min tolerance by chance, with p far above alpha: memory_rss is INVALID
+    "undecided" (not FAIL: the test did not confirm it; not PASS: the run points to growth
+    over the tolerance), with the run length that would decide it; the same floors under
+    a tolerance above their slopes (the whole window's and its last half's) pass."""
 
     def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return 400 * MIB + rng.normal(0, 40 * MIB, t.size)
 
-    c = judge(run_data(dur=90.0, rss=rss), CRIT).get("memory_rss")
+    d = run_data(dur=90.0, rss=rss)
+    c = judge(d, CRIT).get("memory_rss")
     assert c is not None and c.value is not None
     assert c.value > CRIT.max_memory_growth_mb_per_min and c.evidence["p_value"] > 0.05
-    assert c.status == "pass"
-    # and its detail says why a slope over the tolerance passed, and what would decide it
+    assert c.status == "invalid" and c.detail.startswith("undecided: "), c.detail
     assert "above 1.5 MB/min but not significant at alpha = 0.01" in c.detail, c.detail
     assert "min after the warm-up would decide it" in c.detail, c.detail
+    # over the whole window's slope, its last half's still over: undecided; over both: PASS
+    half = judge(d, _tol(c.value * 1.01)).get("memory_rss")
+    assert half is not None and half.status == "invalid" and "since t =" in half.detail, half
+    assert status_of(d, "memory_rss", _tol(half.evidence["late"]["slope"] * 1.01)) == "pass"
+
+
+def _tol(mb_per_min: float) -> CriteriaSettings:
+    return CRIT.model_copy(update={"max_memory_growth_mb_per_min": mb_per_min})
 
 
 def test_an_insignificant_trend_is_not_rising_however_steep() -> None:
@@ -440,3 +450,87 @@ def test_a_run_stopped_early_is_judged_up_to_its_stop_not_its_shutdown() -> None
     mem = v.get("memory_rss")
     assert mem is not None and mem.status == "fail", mem
     assert v.status == "FAIL" and "stopped early" in v.reason, v.reason
+
+
+# --------------------------------------------------------------------------- undecided trends
+
+
+def _undecided(c: Any, tol: float) -> None:
+    """``c`` is undecided: its slope over ``tol``, its test not significant, INVALID."""
+    assert c is not None and c.value is not None and c.value > tol, c
+    assert c.evidence["p_value"] > CRIT.alpha and c.evidence["decided_by"] == "undecided", c
+    assert c.status == "invalid" and c.detail.startswith("undecided: "), c.detail
+
+
+def test_frame_age_rising_over_its_tolerance_unconfirmed_is_undecided_never_pass() -> None:
+    """Frame age rising 200 ms/min under 1.5 s of noise over 90 s: the slope reads over the
+    50 ms/min tolerance but the test cannot confirm it, so frame_age is INVALID
+    "undecided"; the same frames under a tolerance at or above their slope pass."""
+    rng = np.random.default_rng(5)
+    t = np.arange(0, 90, 0.1)
+    age = 500 + 200 * t / 60 + np.abs(rng.normal(0, 1500, t.size))
+    d = run_data(dur=90.0, frame_age_ms=age)
+    c = judge(d, CRIT).get("frame_age")
+    _undecided(c, CRIT.max_age_slope_ms_per_min)
+    assert c is not None and c.value is not None
+    wide = CriteriaSettings(max_age_slope_ms_per_min=c.value * 1.01)
+    assert status_of(d, "frame_age", wide) == "pass"
+    at = CriteriaSettings(max_age_slope_ms_per_min=c.value)  # a slope at it is not over it
+    assert status_of(d, "frame_age", at) == "pass"
+
+
+def test_a_server_queue_rising_over_its_tolerance_unconfirmed_is_undecided_never_pass() -> None:
+    """A served run's waiting queue scraped every 5 s, noisy (0-40) with a slope over the 1
+    a minute allowed that the test cannot confirm: server_queue is INVALID "undecided"."""
+    rng = np.random.default_rng(2)
+    d = run_data(dur=120.0)
+    d.meta.workload_kind = "openai"
+    t = np.arange(5.0, 120.0, 5.0)
+    d.server = {"vllm:num_requests_waiting": (t, np.round(rng.uniform(0, 40, t.size) + t / 20))}
+    c = judge(d, CRIT).get("server_queue")
+    assert c is not None and c.value is not None
+    assert c.value > CRIT.max_server_queue_slope_per_min and c.status == "invalid", c
+    assert c.detail.startswith("undecided: "), c.detail
+
+
+def test_a_stage_rising_over_its_tolerance_unconfirmed_is_undecided_not_applicable() -> None:
+    """Infer times whose slope reads over the 5 ms/min tolerance under heavy noise, not
+    significant: stage_trend is n/a "undecided" (frame age judges the timing of a run this
+    noisy), never PASS."""
+
+    def noisy(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 40 + 6 * t / 60 + rng.normal(0, 10.0, t.size)
+
+    c = judge(run_data(dur=60.0, fps=10.0, infer=noisy), CRIT).get("stage_trend")
+    assert c is not None and c.status == "n/a" and "undecided, infer_ms" in c.detail, c.detail
+
+
+def test_a_late_rise_over_the_tolerance_unconfirmed_is_undecided_never_pass() -> None:
+    """Floors level for a minute, then rising 3 MB/min under 1.5 MB of noise: the whole
+    window's slope is under the tolerance, the last half's over it but not significant at
+    alpha / 2: memory_rss is INVALID "undecided" (it passed before), naming the late slope."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        late = 3 * MIB * np.clip(t - 60, 0, None) / 60
+        return 400 * MIB + late + rng.normal(0, 1.5 * MIB, t.size)
+
+    c = judge(run_data(dur=120.0, rss=rss, seed=1), CRIT).get("memory_rss")
+    tol = CRIT.max_memory_growth_mb_per_min
+    assert c is not None and c.evidence["slope"] <= tol < c.evidence["late"]["slope"], c
+    assert c.evidence["late"]["p_value"] > CRIT.alpha / 2, c
+    assert c.status == "invalid" and c.detail.startswith("undecided: floor slope +3"), c.detail
+
+
+def test_headroom_never_judges_a_memory_slope_the_test_left_undecided() -> None:
+    """Floors whose slope reads over the tolerance by noise, not significant, on a host with
+    little memory left: memory_headroom is INVALID (its hours unknown), never PASS on a
+    slope taken as flat."""
+
+    def rss(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + rng.normal(0, 40 * MIB, t.size)
+
+    d = run_data(dur=90.0, rss=rss)
+    d.meta.environment = {"host_mem_total_bytes": 600 * MIB}
+    v = judge(d, CRIT)
+    assert v.get("memory_rss").evidence["decided_by"] == "undecided"  # type: ignore[union-attr]
+    assert v.get("memory_headroom").status == "invalid"  # type: ignore[union-attr]

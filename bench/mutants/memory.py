@@ -19,7 +19,33 @@ STATS = "soakd/analysis/stats.py"
 DIGEST = "soakd/analysis/digest.py"
 ROWS = "soakd/store/rundata.py"
 
+RULES = "tests/test_verdict_rules.py"
+SHAPE = "tests/test_memory_shape.py"
+
 MUTANTS: tuple[Mutant, ...] = (
+    # a slope over the tolerance the test could not confirm is undecided, never PASS (#31)
+    Mutant("an unconfirmed slope over the tolerance passes (#31 undecided)", BASE,
+           'TrendCall(INVALID, "undecided") if tr.slope > tol else TrendCall(PASS, "trend")',
+           'TrendCall(PASS, "trend")', (RULES,)),
+    Mutant("an unconfirmed slope at the tolerance is undecided (#31 undecided)", BASE,
+           'TrendCall(INVALID, "undecided") if tr.slope > tol else TrendCall(PASS, "trend")',
+           'TrendCall(INVALID, "undecided") if tr.slope >= tol else TrendCall(PASS, "trend")',
+           (RULES,)),
+    Mutant("an undecided memory floor passes (#31 undecided)", MEM,
+           '    if call.how == "undecided":  # growth over the tolerance the test could not',
+           '    if False:  # growth over the tolerance the test could not', (RULES, PINS)),
+    Mutant("an unconfirmed late rise of the floors passes (#31 undecided)", MEM,
+           "if half is not None and half[1].slope * per > thr:",
+           "if half is not None and half[1].slope * per > thr * 1e9:", (RULES,)),
+    Mutant("an undecided frame age passes (#31 undecided)", CR + "frame_age.py",
+           'if call.how == "undecided" else (PASS, detail)',
+           'if call.how == "undecided!" else (PASS, detail)', (RULES,)),
+    Mutant("a shortened floor window's undecided slope is not too short (#31 undecided)", MEM,
+           '    decided = status in (PASS, FAIL) or call.how == "undecided"',
+           "    decided = status in (PASS, FAIL)", (SHAPE,)),
+    Mutant("headroom judges an undecided slope (#31 undecided)", HEAD,
+           'how in ("untested", "undecided", "settling")', 'how in ("untested", "settling")',
+           (RULES,)),
     # the measured window: the warm-up kept out, the span from the warm-up's end
     Mutant("the memory criteria read the warm-up's samples (#35 memory)", MEM,
            "    post = st >= ctx.t0\n    thr = c.max_memory_growth_mb_per_min\n",
@@ -50,15 +76,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("a settled floor's tail measured from time zero (#35 memory)", MEM,
            "    tail_s = float(ctx.t1 - s.t)", "    tail_s = float(ctx.t1)", (PINS,)),
     Mutant("the run length that would decide a trend scaled from time zero (#35 memory)", BASE,
-           "        need = ctx.span * (mds / tol) ** (2 / 3)",
-           "        need = ctx.t1 * (mds / tol) ** (2 / 3)", (PINS,)),
+           "    return ctx.span * (mds / tol) ** (2 / 3)",
+           "    return ctx.t1 * (mds / tol) ** (2 / 3)", (PINS,)),
     Mutant("the too-short run's run.duration asked without the warm-up (#35 memory)", MEM,
            "(run.duration >= {math.ceil(ctx.t0 + need)} s)",
            "(run.duration >= {math.ceil(need)} s)", (PINS,)),
     # the floor windows
     Mutant("a floor window shortened by under 5 % is too short (#35 memory)", MEM,
-           "if status in (PASS, FAIL) and w < c.floor_window_s * (1 - FLOOR_SLACK):",
-           "if status in (PASS, FAIL) and w < c.floor_window_s:", (PINS,)),
+           "if decided and w < c.floor_window_s * (1 - FLOOR_SLACK):",
+           "if decided and w < c.floor_window_s:", (PINS,)),
     Mutant("floor windows never lengthened for a long run (#35 memory)", MODEL,
            "    w = max(configured, span / MAX_WINDOWS)", "    w = configured", (PINS,)),
     Mutant("a stub window under half a width kept as a window (#35 memory)", STATS,

@@ -425,8 +425,10 @@ def detectability(
 @dataclass(frozen=True, slots=True)
 class TrendCall:
     """How a trend criterion was decided: ``how`` is "rising" (FAIL), "trend" (tested,
-    PASS), "bounded" (too few windows for a test, but the windows' range keeps the slope
-    under the tolerance: PASS) or "untested" (INVALID). ``bound``: that largest slope."""
+    within the tolerance: PASS), "undecided" (tested, over the tolerance but not
+    significant: INVALID), "bounded" (too few windows for a test, but the windows' range
+    keeps the slope under the tolerance: PASS) or "untested" (INVALID). ``bound``: that
+    largest slope."""
 
     status: str
     how: str
@@ -456,12 +458,14 @@ def _range_bound(t: np.ndarray, y: np.ndarray) -> float | None:
 def call_trend(
     tr: stats.Trend, t: np.ndarray, y: np.ndarray, alpha: float, tol: float
 ) -> TrendCall:
-    """FAIL when rising (significant and above ``tol``); else PASS when the trend was
-    testable or its range bounds it under ``tol``; else untested (INVALID)."""
+    """FAIL when rising (significant and above ``tol``); INVALID "undecided" when tested
+    with its slope above ``tol`` but not significant (the run points to growth it cannot
+    confirm: never a PASS); PASS when tested with its slope within ``tol``, or when its
+    range bounds it under ``tol``; else untested (INVALID)."""
     if tr.rising(alpha, tol):
         return TrendCall(FAIL, "rising")
     if tr.testable(alpha):
-        return TrendCall(PASS, "trend")
+        return TrendCall(INVALID, "undecided") if tr.slope > tol else TrendCall(PASS, "trend")
     bound = _range_bound(t, y)
     if bound is not None and bound <= tol:
         return TrendCall(PASS, "bounded", bound)
@@ -469,21 +473,35 @@ def call_trend(
 
 
 def not_significant(ctx: Context, tr: stats.Trend, per: float, tol: float, unit: str) -> str:
-    """For a trend that passed with its slope over the tolerance ``tol`` (not significant):
-    why it passed and, from the slope this run can detect, about how long a run would decide
-    it (the detectable slope falls as span^-1.5 for windows of the same noise). "" when the
-    slope is within the tolerance."""
+    """For a trend left undecided (``call_trend``: its slope over the tolerance ``tol``,
+    not significant): why and, from the slope this run can detect, about how long a run
+    would decide it (the detectable slope falls as span^-1.5 for windows of the same
+    noise). "" when the slope is within the tolerance."""
     slope, mds = tr.slope * per, tr.mds * per
     if not slope > tol:
         return ""
     words = f"; above {tol:g} {unit} but not significant at alpha = {ctx.crit.alpha:g}"
-    if math.isfinite(mds) and mds > tol > 0 and ctx.span > 0:  # tol 0: no length decides
-        need = ctx.span * (mds / tol) ** (2 / 3)
+    need = span_to_decide(ctx, tr, per, tol)
+    if need is not None:
         words += (
             f": this {ctx.minutes()} run sees growth over {mds:.3g} {unit}; about "
-            f"{need / 60:.0f} min after the warm-up would decide it"
+            + (f"{need / 60:.0f} min" if need >= 90 else f"{need:.0f} s")
+            + " after the warm-up would decide it"
         )
+    elif tol > 0:  # a tolerance of 0: no length decides
+        words += ": a longer run would decide it"
     return words
+
+
+def span_to_decide(ctx: Context, tr: stats.Trend, per: float, tol: float) -> float | None:
+    """Seconds after the warm-up a run would need for its detectable slope to reach the
+    tolerance ``tol`` (``per``: the slope's unit per trend unit), from this run's: the
+    detectable slope falls as span^-1.5 for windows of the same noise. None when this run
+    already detects ``tol`` or no length would (a tolerance of 0, no detectable slope)."""
+    mds = tr.mds * per
+    if not (math.isfinite(mds) and mds > tol > 0 and ctx.span > 0):
+        return None
+    return ctx.span * (mds / tol) ** (2 / 3)
 
 
 def span_to_test(ctx: Context, tr: stats.Trend, window_s: float, min_windows: int = 0) -> float:

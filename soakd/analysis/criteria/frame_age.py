@@ -146,10 +146,12 @@ def _age_outcome(
             f"at most {call.bound * 60:.3g} ms/min"
         )
     tol = ctx.crit.max_age_slope_ms_per_min
-    return PASS, (
+    detail = (
         f"median {med:.4g} ms, slope {tr.slope * 60:+.3g} ms/min (p = {tr.p:.2g})"
         + not_significant(ctx, tr, 60, tol, "ms/min")
     )
+    # a rise over the tolerance the test could not confirm: never a PASS
+    return (INVALID, f"undecided: {detail}") if call.how == "undecided" else (PASS, detail)
 
 
 def judge_frame_age(ctx: Context) -> CriterionResult:

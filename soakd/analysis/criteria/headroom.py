@@ -50,10 +50,11 @@ def _memory_limit(ctx: Context, name: str) -> tuple[float, str, float] | None:
 def _hours_left(ctx: Context, res: CriterionResult, headroom: float) -> float | None:
     """Hours until ``headroom`` bytes are gone at the metric's floor slope: infinite for a
     flat floor (no significant rise), the bound's rate when only a bound was possible, the
-    level tail's slope after a rise that stopped, None when untested or still settling."""
+    level tail's slope after a rise that stopped, None when untested, undecided (a slope
+    over the tolerance the test could not confirm) or still settling."""
     tr = ctx.trends.get(res.criterion)
     how = res.evidence.get("decided_by")
-    if tr is None or how in ("untested", "settling"):
+    if tr is None or how in ("untested", "undecided", "settling"):
         return None
     if how == "bounded":
         per_s = float(res.evidence["bound_slope"]) * MIB / 60

@@ -114,7 +114,8 @@ def judge_memory_metric(
     if call.bound is not None:
         ev["bound_slope"] = call.bound * per
     status, detail, call, judged = _shape(ctx, tr, call, win.t[has], floors, ev)
-    if status in (PASS, FAIL) and w < c.floor_window_s * (1 - FLOOR_SLACK):
+    decided = status in (PASS, FAIL) or call.how == "undecided"
+    if decided and w < c.floor_window_s * (1 - FLOOR_SLACK):
         # shortened windows: a sawtooth slower than them can hide growth or read as it
         status, detail = INVALID, _floor_too_short(ctx, w)
     open_ = undecided_trend(ctx, call, judged, per, thr, "MB/min") if status == PASS else None
@@ -153,6 +154,8 @@ def _shape(
       way (its tail, not the whole window, is the slope that goes on);
     * growth over the tolerance that goes on, or a tail (after the bend, or the last half)
       rising over it, FAILs;
+    * a slope over the tolerance the test could not confirm, the whole window's or its last
+      half's, is INVALID "undecided", never PASS;
     * otherwise the whole window's trend decides, as before."""
     c, per = ctx.crit, 60.0 / MIB
     thr = c.max_memory_growth_mb_per_min
@@ -203,6 +206,18 @@ def _shape(
         f"floor slope {slope:+.3g} MB/min (p = {tr.p:.2g}), peak {ev['peak_mb']:.0f} MB"
         + not_significant(ctx, tr, per, thr, "MB/min")
     )
+    if call.how == "undecided":  # growth over the tolerance the test could not confirm
+        return INVALID, f"undecided: {detail}", call, tr
+    half = _last_half(t, floors, c.alpha)
+    if half is not None and half[1].slope * per > thr:  # a late rise it could not confirm
+        ev.update(decided_by="undecided", late=trend_fields(half[1], per))
+        detail = (
+            f"undecided: floor slope {half[1].slope * per:+.3g} MB/min since t = "
+            f"{half[0]:.0f} s (p = {half[1].p:.2g}; {slope:+.3g} MB/min over the whole "
+            f"window), above {thr:g} MB/min but not significant at alpha = {c.alpha:g} / 2: "
+            f"a longer run would decide it"
+        )
+        return INVALID, detail, TrendCall(INVALID, "undecided"), half[1]
     return PASS, detail, call, tr
 
 
@@ -212,11 +227,17 @@ def _late_growth(
     """A leak that started late: the last half of the floors rising over ``tol`` at
     alpha / 2 (one fixed split, chosen before looking, so the whole window's test and this
     one together spend at most 1.5 alpha on a flat floor). (start time, trend) or None."""
+    late = _last_half(t, y, alpha)
+    return late if late is not None and late[1].rising(alpha / 2, tol) else None
+
+
+def _last_half(t: np.ndarray, y: np.ndarray, alpha: float) -> tuple[float, stats.Trend] | None:
+    """The trend of the last half of the floors at alpha / 2, with its start time; None
+    when that half has too few windows for a test."""
     h = y.size // 2
     if y.size - h < stats.min_trend_points(alpha / 2):
         return None
-    tr = stats.trend(t[h:], y[h:], alpha / 2)
-    return (float(t[h]), tr) if tr.rising(alpha / 2, tol) else None
+    return float(t[h]), stats.trend(t[h:], y[h:], alpha / 2)
 
 
 def _settled(

@@ -72,6 +72,12 @@ def _queue_detail(ctx: Context, q: server.QueueSeries, call: TrendCall, tr: stat
         return f"{q.metric} rising {slope} (p = {tr.p:.2g}): the server falls behind"
     if call.how == "untested":
         return f"untested: {q.metric} has too few windows for a trend test; run longer"
+    if call.how == "undecided":
+        return (
+            f"undecided: {q.metric} slope {slope} (p = {tr.p:.2g}) is over "
+            f"{q.threshold:g} {q.unit} but not significant at alpha = {ctx.crit.alpha:g}; "
+            f"run longer"
+        )
     if call.how == "bounded" and call.bound is not None:
         return f"{q.metric}: too few windows for a test, their range allows {call.bound * 60:.3g}"
     return f"{q.metric} median {float(np.median(q.y)):.3g}, slope {slope} (p = {tr.p:.2g})"

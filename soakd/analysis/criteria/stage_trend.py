@@ -20,6 +20,7 @@ from soakd.analysis.criteria.base import (
     Live,
     call_trend,
     look_window,
+    span_to_decide,
     span_to_test,
 )
 from soakd.analysis.data import make_run_data
@@ -117,9 +118,11 @@ def judge_stage_trend(ctx: Context, window_s: float | None = None) -> list[Crite
             if call.status == FAIL and hours * 3600 <= c.horizon:
                 if worst is None or hours < worst[0]:
                     worst = (hours, key)
-            elif call.status == INVALID:
+            elif call.status == INVALID:  # untested, or undecided: over tol, not significant
                 open_.append(key)
-                rows[key]["span_to_test_s"] = span_to_test(ctx, tr, w)
+                rows[key]["span_to_test_s"] = span_to_decide(ctx, tr, 60.0, tol) or span_to_test(
+                    ctx, tr, w
+                )
     ev: dict[str, Any] = {"budget_ms": budget, "budget_left_ms": left, "window_s": w,
                           "alpha_per_test": alpha, "horizon_h": c.horizon / 3600,
                           "stages": rows}  # fmt: skip
@@ -158,14 +161,8 @@ def _result(
         return _row(FAIL, rows[key]["slope"], tol, detail, ev)
     if open_:
         # n/a, not INVALID: a run this short has its timing judged by frame_age's own
-        # untested rule; this criterion only adds the stage that slows (docs/verdict.md)
-        need = max(rows[k]["span_to_test_s"] for k in open_)
-        detail = (
-            f"not applicable: untested, {', '.join(open_)} cannot show a stage slowing down "
-            f"(too few windows, and their range allows more than {tol:g} ms/min); run at "
-            f"least {need:.0f} s after the warm-up (run.duration >= {ctx.t0 + need:.0f} s)"
-        )
-        return _row(NA, value, tol, detail, ev)
+        # rules; this criterion only adds the stage that slows (docs/verdict.md)
+        return _row(NA, value, tol, _open_detail(ctx, tol, rows, open_, ev["alpha_per_test"]), ev)
     res = _row(PASS, value, tol, "", ev)
     res.warnings = [
         f"stage_trend: {k} rises {r['slope']:.3g} ms/min for certain (p = {r['p_value']:.2g}), "
@@ -180,6 +177,35 @@ def _result(
         f"(p = {rows[steepest]['p_value']:.2g})"
     )
     return res
+
+
+def _open_detail(
+    ctx: Context, tol: float, rows: dict[str, dict[str, Any]], open_: list[str], alpha: float
+) -> str:
+    """Why no stage could be judged: too few windows (untested), or a rise over ``tol``
+    the test could not confirm (undecided), with the run length that would decide."""
+    need = max(rows[k]["span_to_test_s"] for k in open_)
+    undecided = [k for k in open_ if rows[k]["decided_by"] == "undecided"]
+    untested = [k for k in open_ if k not in undecided]
+    why = []
+    if untested:
+        why.append(
+            f"untested, {', '.join(untested)} cannot show a stage slowing down (too few "
+            f"windows, and their range allows more than {tol:g} ms/min)"
+        )
+    if undecided:
+        why.append(
+            "undecided, "
+            + ", ".join(
+                f"{k} {rows[k]['slope']:+.3g} ms/min (p = {rows[k]['p_value']:.2g})"
+                for k in undecided
+            )
+            + f" over {tol:g} ms/min but not significant (alpha = {alpha:.2g} a test)"
+        )
+    return (
+        f"not applicable: {'; '.join(why)}; run at least {need:.0f} s after the warm-up "
+        f"(run.duration >= {ctx.t0 + need:.0f} s)"
+    )
 
 
 #: the share of the measured window other processes may hold the CPUs before a stage
