@@ -534,3 +534,27 @@ def test_headroom_never_judges_a_memory_slope_the_test_left_undecided() -> None:
     v = judge(d, CRIT)
     assert v.get("memory_rss").evidence["decided_by"] == "undecided"  # type: ignore[union-attr]
     assert v.get("memory_headroom").status == "invalid"  # type: ignore[union-attr]
+
+
+def test_a_fail_beside_an_undecided_trend_is_fail_beside_an_untested_one_invalid() -> None:
+    """Errors after the warm-up FAIL the run (exit 1) beside a memory trend left undecided
+    (its slope over the tolerance, not significant: no fault the failure could be an
+    artefact of), which the reason names; beside an untested trend the run is INVALID."""
+    err = np.zeros(900)
+    err[600] = 1
+
+    def noisy(t: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return 400 * MIB + rng.normal(0, 40 * MIB, t.size)
+
+    v = judge(run_data(dur=90.0, rss=noisy, has_error=err), CRIT)
+    assert v.get("memory_rss").evidence["decided_by"] == "undecided"  # type: ignore[union-attr]
+    assert (v.status, v.exit_code) == ("FAIL", ExitCode.FAIL), v.reason
+    assert v.reason.startswith("errors: ") and "undecided too: memory_rss" in v.reason
+    few_err = np.zeros(60)
+    few_err[40] = 1
+    ages = np.random.default_rng(3).uniform(0, 100, 60)
+    crit = CriteriaSettings(min_duration_s=1, min_frames=5)
+    few = judge(run_data(dur=6.0, warm=1.0, frame_age_ms=ages, has_error=few_err), crit)
+    assert few.get("errors").status == "fail"  # type: ignore[union-attr]
+    assert few.get("frame_age").detail.startswith("untested")  # type: ignore[union-attr]
+    assert (few.status, few.exit_code) == ("INVALID", ExitCode.INVALID), few.reason

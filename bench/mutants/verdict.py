@@ -190,8 +190,9 @@ MUTANTS = (
            "ExitCode.PASS", (OUTCOMES,)),
     Mutant("FAIL beats INVALID", V, "    if invalid:\n        reason = ",
            "    if invalid and not failed:\n        reason = ", (RULES,)),
-    Mutant("a failed criterion passes the run", V, "    if failed:\n", "    if False:\n",
-           (RULES,)),
+    Mutant("a failed criterion passes the run", V,
+           '    if failed and all(r.evidence.get("decided_by") == "undecided" for r in invalid):',
+           "    if False:", (RULES,)),
     # run validity
     Mutant("an aborted run is valid", C_VALIDITY, 'if d.meta.status != "completed":', "if False:",
            (RULES,)),

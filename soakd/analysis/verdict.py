@@ -14,7 +14,10 @@ every criterion, its default and why, and the INVALID / n/a rules. In short:
   never PASS: it passes only when the range of its windows bounds the slope under the
   tolerance, and is INVALID ("untested", with the run length that would test it) otherwise;
 * drops count every tick the target rate asked for that did not finish (``losses.py``);
-* INVALID beats FAIL beats PASS; a criterion that cannot apply (no GPU) is ``n/a``.
+* INVALID beats FAIL beats PASS (a trend left undecided does not hide a FAIL); a criterion
+  that cannot apply (no GPU) is ``n/a``;
+* a tested trend whose slope is over its tolerance but not significant is INVALID
+  "undecided", never PASS.
 """
 
 from __future__ import annotations
@@ -178,18 +181,23 @@ def _overall(
     results: Sequence[CriterionResult], cut: CriterionResult | None = None
 ) -> tuple[str, ExitCode, str]:
     """INVALID beats FAIL beats PASS, except that a run ended early by a criterion ``cut``
-    that FAILs is FAIL (the rest was cut short by that failure). An INVALID reason also
-    names the criteria that failed: a run whose every frame raised cannot judge jitter, and
-    its reason must still say the errors failed."""
+    that FAILs is FAIL (the rest was cut short by that failure), and that a trend left
+    undecided (its slope over the tolerance, not significant: ``call_trend``) does not hide
+    a FAIL (it found no fault the failure could be an artefact of; it is named beside it).
+    An INVALID reason also names the criteria that failed: a run whose every frame raised
+    cannot judge jitter, and its reason must still say the errors failed."""
     if cut is not None:
         return OVERALL_FAIL, ExitCode.FAIL, f"{cut.criterion}: {cut.detail} (stopped early)"
     invalid = [r for r in results if r.status == INVALID]
     failed = [r for r in results if r.status == FAIL]
+    if failed and all(r.evidence.get("decided_by") == "undecided" for r in invalid):
+        reason = "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
+        if invalid:
+            reason += "; undecided too: " + "; ".join(f"{r.criterion}" for r in invalid)
+        return OVERALL_FAIL, ExitCode.FAIL, reason
     if invalid:
         reason = "; ".join(f"{r.criterion}: {r.detail}" for r in invalid)
         if failed:  # what could be judged and failed is named too (errors on every frame)
             reason += "; failing too: " + "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
         return OVERALL_INVALID, ExitCode.INVALID, reason
-    if failed:
-        return OVERALL_FAIL, ExitCode.FAIL, "; ".join(f"{r.criterion}: {r.detail}" for r in failed)
     return OVERALL_PASS, ExitCode.PASS, "every applicable criterion passed"

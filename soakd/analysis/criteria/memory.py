@@ -192,6 +192,23 @@ def _shape(
             f"started late and goes on"
         )
         return FAIL, detail, TrendCall(FAIL, "rising"), late[1]
+    return _not_rising(ctx, tr, call, t, floors, ev)
+
+
+def _not_rising(
+    ctx: Context,
+    tr: stats.Trend,
+    call: TrendCall,
+    t: np.ndarray,
+    floors: np.ndarray,
+    ev: dict[str, Any],
+) -> tuple[str, str, TrendCall, stats.Trend]:
+    """``_shape`` of floors that neither settled nor rose for certain: INVALID untested or
+    undecided (a slope over the tolerance, the whole window's or its last half's, that the
+    test could not confirm), else PASS (tested, or bounded by the floors' range)."""
+    c, per = ctx.crit, 60.0 / MIB
+    thr = c.max_memory_growth_mb_per_min
+    slope = tr.slope * per
     if call.how == "untested":
         need = span_to_test(ctx, tr, c.floor_window_s, MIN_WINDOWS)
         ev["min_span_to_test_s"] = need

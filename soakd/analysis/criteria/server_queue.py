@@ -52,6 +52,7 @@ def judge_server_queue(ctx: Context) -> list[CriterionResult]:
         return [server.queue_not_exported(c.max_server_queue_slope_per_min)]
     order = {FAIL: 0, INVALID: 1, PASS: 2}
     q, call, tr = min(calls, key=lambda x: order.get(x[1].status, 3))
+    ev["decided_by"] = call.how  # the metric the status rests on
     return [
         CriterionResult(
             criterion=server.QUEUE,
