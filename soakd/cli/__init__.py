@@ -1,6 +1,7 @@
 """The typer app. Each command parses its options, calls one library function and returns an
-exit code (see soakd.errors.ExitCode). Command groups live in their own modules and
-register themselves here."""
+exit code (see soakd.errors.ExitCode). Command groups live in their own modules, each with
+a ``register(app)``; ``COMMANDS`` names the module of each command, imported when the
+command is looked up."""
 
 from __future__ import annotations
 
