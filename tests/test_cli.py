@@ -113,6 +113,45 @@ def test_runs_lists_the_run_and_show_summarises_it(
     assert "run cli-smoke: workload synthetic" in p.stdout
 
 
+#: what a command that only reads the database has no use for: the soak runner, the verdict
+#: engine and the config's pydantic models under it, the report renderers, cv2 and structlog
+READERS_SKIP = (
+    "soakd.run.runner",
+    "soakd.analysis.verdict",
+    "soakd.config",
+    "soakd.report.html",
+    "cv2",
+    "structlog",
+)
+
+
+def test_commands_that_read_a_run_import_only_what_they_use(
+    run_db: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """`soakd --version`, `soakd runs` and `soakd show -f json` (a real process each, run
+    through soakd.cli.main) import none of READERS_SKIP: a command's module is imported when
+    the command runs, and heavy modules where they are used (each of the suite's hundreds of
+    CLI calls paid ~0.6 s of CPU for them: docs/benchmarks.md)."""
+    db, _ = run_db
+    probe = (
+        "import sys; from soakd.cli import main; code = main(sys.argv[1:]); "
+        f"print(code, [m for m in {READERS_SKIP!r} if m in sys.modules], file=sys.stderr)"
+    )
+    for argv in (
+        ["--version"],
+        ["runs", "--db", str(db)],
+        ["show", "--latest", "--db", str(db), "-f", "json"],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-c", probe, *argv],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
+        assert p.stderr.splitlines()[-1] == "0 []", (argv, p.stderr[-2000:])
+
+
 def test_show_unknown_run_is_a_usage_error(
     run_db: tuple[Path, subprocess.CompletedProcess],
 ) -> None:

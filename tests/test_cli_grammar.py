@@ -15,6 +15,8 @@ import typer.core
 import typer.main
 from typer._click.core import Context
 
+from soakd.cli import main
+
 from .conftest import SYNTH_CLI, run_cli
 from .test_cli import cli_commands
 
@@ -150,11 +152,26 @@ CALLS: dict[str, list[str]] = {
 VARYING = ("profile", "sweep", "merge", "prune")
 
 
-def _call(path: str, cmd: Any, world: dict[str, str], n: int, *extra: str) -> Any:
+def _argv(path: str, cmd: Any, world: dict[str, str], n: int, *extra: str) -> list[str]:
     args = [a.format(n=n, **world) for a in CALLS[path]]
     if any("--db" in getattr(p, "opts", ()) for p in cmd.params):
         args += ["--db", world["db"]]
-    return run_cli(*path.split(), *args, *extra, timeout=180)
+    return [*path.split(), *args, *extra]
+
+
+def _call(path: str, cmd: Any, world: dict[str, str], n: int, *extra: str) -> Any:
+    """``soakd PATH ...`` as a real subprocess."""
+    return run_cli(*_argv(path, cmd, world, n, *extra), timeout=180)
+
+
+def _in_process(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    """``soakd ARGV`` through soakd.cli.main in this process: the exit code the program
+    exits with, its stdout and its stderr (for a usage error or --help, which stop before
+    the command does anything: a subprocess each would only add ~0.5 s of CPU)."""
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def _docs(text: str) -> list[Any]:
@@ -172,10 +189,13 @@ def _shape(doc: Any) -> Any:
     return type(doc).__name__ if isinstance(doc, list) else None
 
 
-def test_every_command_with_json_output_takes_the_old_json_flag(world: dict[str, str]) -> None:
+def test_every_command_with_json_output_takes_the_old_json_flag(
+    world: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     """For every command whose -f offers json: `--json` prints what `-f json` prints (the
-    same document; a fresh measurement the same shape), stays out of --help, and with
-    another -f is one usage error line, exit 2."""
+    same document; a fresh measurement the same shape: real subprocesses), stays out of
+    --help, and with another -f is one usage error line, exit 2 (soakd.cli.main in this
+    process)."""
     with_json = {path: cmd for path, cmd in cli_commands().items() if "json" in _format_values(cmd)}
     assert set(with_json) == set(CALLS), "a command with -f json: add it to CALLS"
     for path, cmd in with_json.items():
@@ -186,13 +206,14 @@ def test_every_command_with_json_output_takes_the_old_json_flag(world: dict[str,
         a, b = _docs(new.stdout), _docs(old.stdout)
         assert _shape(a) == _shape(b) if path in VARYING else a == b, (path, new.stdout[:3000])
         other = next(v for v in _format_values(cmd) if v != "json")
-        bad = _call(path, cmd, world, 2, "--json", "-f", other)
-        assert bad.returncode == 2, (path, bad.stderr)
-        assert [ln for ln in bad.stderr.splitlines() if ln.startswith("soakd:")] == [
+        code, _, err = _in_process(capsys, _argv(path, cmd, world, 2, "--json", "-f", other))
+        assert code == 2, (path, err)
+        assert [ln for ln in err.splitlines() if ln.startswith("soakd:")] == [
             f"soakd: error: --json is the old spelling of -f json: give -f {other} or --json,"
             " not both"
         ], path
-        assert "--json" not in run_cli(*path.split(), "--help").stdout, path
+        code, out, _ = _in_process(capsys, [*path.split(), "--help"])
+        assert code == 0 and "Usage: soakd" in out and "--json" not in out, path
 
 
 # --- soakd gate RUN_ID takes -f and -o

@@ -23,18 +23,15 @@ sit beside it. soakd.analysis never imports soakd.report or rich.
 
 from __future__ import annotations
 
+import importlib
 import sqlite3
-from typing import TYPE_CHECKING
-
-from soakd.analysis.data import load_run_data, make_run_data
-from soakd.analysis.model import CriterionResult, RunData, RunMeta, Verdict
-from soakd.analysis.streams import judge_streams
-from soakd.analysis.verdict import judge
-from soakd.config import CriteriaSettings
-from soakd.store import rundata as q
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from soakd.config import Settings
+    from soakd.analysis.data import load_run_data, make_run_data
+    from soakd.analysis.model import CriterionResult, RunData, RunMeta, Verdict
+    from soakd.analysis.verdict import judge
+    from soakd.config import CriteriaSettings, Settings
 
 __all__ = [
     "CriterionResult",
@@ -51,10 +48,33 @@ __all__ = [
     "store",
 ]
 
+# the names this package re-exports, by the module that defines them, imported at first use
+# (PEP 562): importing one module of the package (``model`` for a table, ``streams`` for
+# `soakd show`) does not import the verdict engine, the store glue and the config's pydantic
+# models with it (a CLI call's CPU: docs/benchmarks.md, "The test suite's wall time")
+_EXPORTS = {
+    "CriterionResult": "soakd.analysis.model",
+    "RunData": "soakd.analysis.model",
+    "RunMeta": "soakd.analysis.model",
+    "Verdict": "soakd.analysis.model",
+    "judge": "soakd.analysis.verdict",
+    "load_run_data": "soakd.analysis.data",
+    "make_run_data": "soakd.analysis.data",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 def criteria_of(data: RunData) -> tuple[CriteriaSettings, str | None]:
     """The ``[criteria]`` the run was configured with (defaults, with a note, when the stored
     config cannot be read back)."""
+    from soakd.config import CriteriaSettings
+
     raw = data.meta.config.get("criteria")
     if raw is None:
         return CriteriaSettings(), "run has no stored criteria; using the defaults"
@@ -67,6 +87,8 @@ def criteria_of(data: RunData) -> tuple[CriteriaSettings, str | None]:
 
 def load_history(conn: sqlite3.Connection, data: RunData) -> list[float]:
     """Jitter ratios of earlier PASS runs with the same config hash on the same host."""
+    from soakd.store import rundata as q
+
     if not data.meta.config_hash:
         return []
     return q.load_history(
@@ -85,6 +107,10 @@ def evaluate(
     and all together when it had several (``streams.judge_streams``: the data returned is
     then the all-streams view). A value soakd cannot have written (text in a numeric
     column, an infinite time) raises ``rundata.DamagedValue`` naming it."""
+    from soakd.analysis.data import load_run_data
+    from soakd.analysis.streams import judge_streams
+    from soakd.store import rundata as q
+
     q.check_values(conn, run_id)
     data = load_run_data(conn, run_id)
     note = None
@@ -99,6 +125,8 @@ def evaluate(
 
 def store(conn: sqlite3.Connection, verdict: Verdict) -> None:
     """Store a verdict: one ``verdicts`` row per criterion plus runs.verdict/exit_code."""
+    from soakd.store import rundata as q
+
     q.store_verdict(
         conn,
         verdict.run_id,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,9 +37,10 @@ from soakd.analysis.model import (
     RunData,
     Verdict,
 )
-from soakd.analysis.verdict import judge
-from soakd.config import CriteriaSettings
 from soakd.errors import ExitCode
+
+if TYPE_CHECKING:
+    from soakd.config import CriteriaSettings
 
 CRITERION = "streams"
 #: ``runs.summary`` keys each stream has its own value of (``summary["streams"][s]``)
@@ -110,6 +111,10 @@ def judge_streams(
 ) -> tuple[RunData, Verdict]:
     """The run's verdict, per stream and together (see the module docstring), and the data
     it was judged on (the overall view; ``data`` itself for one stream)."""
+    # the verdict engine (and the config's models under it) only to judge: `soakd show`
+    # reads a judged run's streams with stored_streams
+    from soakd.analysis.verdict import judge
+
     n = stream_count(data)
     if n == 1:
         return data, judge(data, criteria, history)

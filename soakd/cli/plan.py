@@ -42,11 +42,9 @@ from soakd.cli.common import (
     resolve_format,
 )
 from soakd.cli.output import print_rich, write_output
-from soakd.cli.run import result_code, serve_run
 from soakd.config import ConfigError, Settings
 from soakd.errors import SoakdError
 from soakd.jsonsafe import clean_json
-from soakd.observers.logs import configure_logging
 from soakd.service.signals import STOP_SIGNALS, abort_reason, install_signal_handlers
 from soakd.studies.plan import (
     CELL_LABEL,
@@ -189,6 +187,8 @@ def run_cmd(
     """Soak every cell one after another (or only --cell), each exactly as `soakd run`.
     Exit code: 1 if any cell failed, else 4 if soakd failed on one, else 2 if one could
     not start, else 3 if one was INVALID, else 0 (2 before any cell: a usage error)."""
+    from soakd.observers.logs import configure_logging  # structlog: for the cells' logs
+
     p = _load(plan)
     try:
         cells = [p.cell(cell)] if cell is not None else p.cells
@@ -228,6 +228,10 @@ def _run_cell(plan: Plan, cell: Cell, settings: Settings, *, live: bool) -> Cell
     """One cell as ``soakd run`` serves it, printing nothing of its own (the cell's line
     says how it ended; `soakd show RUN_ID` has the rest); a cell that cannot start is
     reported, not fatal."""
+    # `soakd run`'s serving (the runner under it) only to run a cell: `plan show` and
+    # `plan write` do without
+    from soakd.cli.run import result_code, serve_run
+
     try:
         result = serve_run(settings, live=live)
     except SoakdError as exc:

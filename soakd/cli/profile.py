@@ -43,11 +43,8 @@ from soakd.cli.output import print_rich, write_output
 from soakd.cli.tables import profile_tables, sweep_tables
 from soakd.config import ConfigError, Settings, load_settings
 from soakd.errors import ExitCode, SoakdError
-from soakd.observers.logs import configure_logging
 from soakd.store import runs
 from soakd.studies.compare import Comparison, Regression, compare
-from soakd.studies.profiling import profile
-from soakd.studies.sweep import parse_vary, sweep
 
 CONFIG_ARG = typer.Argument(metavar=CONFIG_METAVAR, help="TOML config (default: embedded).")
 SET_OPTION = typer.Option("--set", metavar=SET_METAVAR, help=SET_HELP)
@@ -86,6 +83,11 @@ def profile_cmd(
     memory, the theoretical rate (1000 / median total) and a recommended --fps. Exit code:
     0 measured, 2 usage/config error, 3 no frame finished after the first or the run did not
     complete (stalled, aborted: no rate recommended)."""
+    # the studies run soaks: the runner under them is imported by the commands that profile
+    # (`soakd compare`, `baseline`, `model-path` do without)
+    from soakd.observers.logs import configure_logging
+    from soakd.studies.profiling import profile
+
     how = _study_format(fmt, as_json, output)
     _check_folder(output)
     settings = _settings(config, set_, db)
@@ -152,6 +154,9 @@ def sweep_cmd(
 ) -> None:
     """Profile once per value of one variable, everything else held fixed; mark the knee and
     where the usable range ends. Exit code: 0, 2 usage/config error, 3 every value rejected."""
+    from soakd.observers.logs import configure_logging
+    from soakd.studies.sweep import parse_vary, sweep  # the runner under it: as profile_cmd
+
     how = _study_format(fmt, as_json, out)
     _check_folder(out)
     _check_folder(plot)
@@ -321,6 +326,7 @@ def model_path_cmd(
     (configs/openai-endpoint.toml). Exit code: 0, 2 usage/config error or another
     workload."""
     from soakd.config import TinyVlmWorkload
+    from soakd.observers.logs import configure_logging
     from soakd.workloads.base import WorkloadError
     from soakd.workloads.tiny import TinySpec, ensure_tiny_model
 

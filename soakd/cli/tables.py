@@ -5,7 +5,7 @@ listing of runs that never cuts a run id, whatever the terminal's width."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.padding import Padding
@@ -14,8 +14,10 @@ from rich.text import Text
 
 from soakd.records import STAGES
 from soakd.report.console import natural_width
-from soakd.studies.profiling import ProfileResult
-from soakd.studies.sweep import SweepResult
+
+if TYPE_CHECKING:  # the soak runner under them: not for `soakd runs`, which lists with IdListing
+    from soakd.studies.profiling import ProfileResult
+    from soakd.studies.sweep import SweepResult
 
 
 def _ms(v: float | None) -> str:

@@ -8,20 +8,25 @@ store: the caller loads and judges the run and hands its RunData and Verdict in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from soakd.analysis.model import RunData, Verdict
-from soakd.report.host import with_host_warning
-from soakd.report.html import render_html
-from soakd.report.json import render_json
-from soakd.report.junit import render_junit
-from soakd.report.markdown import render_markdown
+if TYPE_CHECKING:
+    from soakd.analysis.model import RunData, Verdict
 
 FORMATS: tuple[str, ...] = ("md", "json", "junit", "html")
 
 
 def render(fmt: str, data: RunData, verdict: Verdict) -> str:
     """Render the report in ``fmt`` (one of FORMATS); a run measured while other processes
-    held the host's CPUs carries the host-load warning (``soakd.report.host``) in each."""
+    held the host's CPUs carries the host-load warning (``soakd.report.host``) in each.
+    The renderers are imported here: a command that prints the console table
+    (``soakd.report.console``, a module of this package) does not import them."""
+    from soakd.report.host import with_host_warning
+    from soakd.report.html import render_html
+    from soakd.report.json import render_json
+    from soakd.report.junit import render_junit
+    from soakd.report.markdown import render_markdown
+
     renderers: dict[str, Callable[[RunData, Verdict], str]] = {
         "md": render_markdown,
         "json": render_json,

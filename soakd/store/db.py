@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import structlog
-
 from soakd import redact
 from soakd.records import (
     SAMPLE_FIELDS,
@@ -77,7 +75,14 @@ MAX_PENDING = 1_000_000
 # however long the lock
 SPILL_ROWS = 128
 
-_log = structlog.get_logger("soakd.store")
+
+def _log() -> Any:
+    """soakd.store's logger. structlog (asyncio and rich under it, ~0.2 s of CPU) is imported
+    at the first warning, not by every command that only reads the database."""
+    import structlog
+
+    return structlog.get_logger("soakd.store")
+
 
 # Binding None is the writer's most expensive step without this: CPython's sqlite3 (3.11)
 # has no adapter registered for NoneType, so each NULL parameter goes through a failed
@@ -764,7 +769,7 @@ class StoreWriter:
         try:
             self._spill.add(self._pending)
         except OSError as exc:
-            _log.warning("cannot spill rows to disk; keeping them in memory", error=str(exc))
+            _log().warning("cannot spill rows to disk; keeping them in memory", error=str(exc))
             self._spill_ok = False
             return
         self.spilled += n
@@ -792,7 +797,7 @@ class StoreWriter:
             self._locked_since = time.monotonic() - self.busy_timeout_s
             self.lock_episodes += 1
             self._backoff = 0.05
-            _log.warning(
+            _log().warning(
                 "run database locked by another connection: keeping rows, retrying",
                 path=str(self.path),
                 run_id=self.run_id,
@@ -825,7 +830,7 @@ class StoreWriter:
                     data=overflow,
                 )
             )
-        _log.warning("run database writable again", path=str(self.path), **data, dropped=dropped)
+        _log().warning("run database writable again", path=str(self.path), **data, dropped=dropped)
 
     def _flush(self, conn: sqlite3.Connection) -> None:
         # atomic keeps the real error when SQLite already rolled back (SQLITE_FULL does)
