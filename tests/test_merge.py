@@ -89,7 +89,8 @@ def soaked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(lambda p: run_cli("run", "--db", str(p), *SOAK, *SYNTH_CLI,
                                                *extra[p]), (a, b)))  # fmt: skip
-    assert [r.returncode for r in done][1] == 1 and done[0].returncode in (0, 3), done[0].stderr
+    # node a: any verdict (a busy host can fail or invalidate 2 s), node b: FAIL
+    assert [r.returncode for r in done][1] == 1 and done[0].returncode in (0, 1, 3), done[0].stderr
     conn = sqlite3.connect(b)
     with conn:
         conn.execute("UPDATE runs SET host = 'node-b'")
