@@ -286,6 +286,7 @@ class _Page(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         srv = self.server
         srv.requests += 1
+        srv.authorization = self.headers.get("Authorization")
         if self.path != "/metrics":
             self.send_error(404)
             return
@@ -307,6 +308,7 @@ class _MetricsServer(http.server.ThreadingHTTPServer):
     text = METRICS
     delay_s = 0.0
     requests = 0
+    authorization: str | None = None
     release = threading.Event()
 
     @property
@@ -350,6 +352,19 @@ def test_the_page_is_scraped_at_most_every_every_s_not_every_tick(page: _Metrics
     got = [t for i, t in enumerate(ticks) if probe.sample_server(i, t)]
     probe.close()
     assert got == [0.0, 1.05, 2.1] and page.requests == 3, (got, page.requests)
+
+
+def test_a_metrics_url_s_user_and_password_go_as_basic_auth(page: _MetricsServer) -> None:
+    """telemetry.server_metrics_url = http://user:p%40ss@host/metrics: each scrape sends
+    ``Authorization: Basic`` of ``user:p@ss`` (the password unquoted) and gets the rows;
+    a URL without them sends none."""
+    port = page.server_address[1]
+    probe = ServerMetricsProbe(f"http://user:p%40ss@127.0.0.1:{port}/metrics", NAMES)
+    assert len(probe.sample_server(0, 0.0)) == 4
+    assert page.authorization == "Basic dXNlcjpwQHNz"  # base64 of user:p@ss
+    plain = ServerMetricsProbe(page.url, NAMES)
+    assert len(plain.sample_server(0, 0.0)) == 4
+    assert page.authorization is None
 
 
 def test_labels_are_sorted_comma_joined_escaped_and_empty_for_none() -> None:

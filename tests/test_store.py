@@ -100,6 +100,38 @@ def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
     assert reader.execute("SELECT kind, data FROM events").fetchone() == ("error", '{"a":1}')
 
 
+def test_a_slow_trickle_wakes_the_writer_about_once_a_flush_and_a_burst_every_50_ms(
+    db_path: Path,
+) -> None:
+    """10 records a second for 1.5 s (flush every 0.5 s): the writer looks at its queue a
+    handful of times, not every DRAIN_INTERVAL_S (each look is a wake: issue 34); then 3000
+    at once bring its sleep back to DRAIN_INTERVAL_S; every record becomes a row."""
+    conn = store.connect(db_path)
+    make_run(conn, id="r1", status="running")
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.5)
+    looks = []
+    collect = w._collect
+    w._collect = lambda deadline: looks.append(1) or collect(deadline)  # type: ignore[method-assign]
+    w.start()
+
+    def frame(i: int) -> FrameRecord:
+        return FrameRecord(i, i, i, i, i, 0, 1, total_ms=5)
+
+    for i in range(15):
+        w.put(frame(i))
+        time.sleep(0.1)
+    assert len(looks) <= 8, len(looks)  # every 50 ms: 30
+    assert w._sleep_s > store.DRAIN_INTERVAL_S
+    w.put_frames([frame(15 + i) for i in range(3000)])
+    deadline = time.monotonic() + 30
+    while w._sleep_s > store.DRAIN_INTERVAL_S and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w._sleep_s == store.DRAIN_INTERVAL_S
+    w.close()
+    assert w.error is None
+    assert conn.execute("SELECT count(*) FROM frames").fetchone()[0] == 3015
+
+
 def test_reader_holding_a_transaction_does_not_fail_the_writer(db_path: Path) -> None:
     """A reader in the middle of a long read transaction (WAL) never blocks the writer."""
     conn = store.connect(db_path)

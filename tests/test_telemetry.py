@@ -20,6 +20,7 @@ import pytest
 from soakd.clock import FakeClock, MonotonicClock
 from soakd.environment import GpuUnavailable, nvml_handle, visible_device
 from soakd.records import SAMPLE_FIELDS, Event, Sample
+from soakd.telemetry import procfs
 from soakd.telemetry.probes import (
     NvmlProbe,
     ProcessProbe,
@@ -111,6 +112,31 @@ def test_without_proc_the_process_probe_reads_psutil(monkeypatch: pytest.MonkeyP
 
 
 _SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
+
+
+def test_a_proc_file_kept_open_is_read_afresh_and_a_gone_process_reads_none() -> None:
+    """procfs keeps /proc files open between reads: a spinning child's CPU in its
+    /proc/PID/stat grows from read to read, the file reads None once the child is gone, and
+    at most KEEP_OPEN files stay open however many paths were read."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        first = procfs.stat(spin.pid)
+        assert first is not None
+        later, deadline = first, time.monotonic() + 30
+        while later.cpu_s <= first.cpu_s and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got = procfs.stat(spin.pid)
+            assert got is not None
+            later = got
+        assert later.cpu_s > first.cpu_s
+    finally:
+        spin.kill()
+        spin.wait()
+    assert procfs.stat(spin.pid) is None
+    fds = len(os.listdir("/proc/self/fd"))
+    paths = [f"/proc/self/{'./' * i}stat" for i in range(procfs.KEEP_OPEN + 20)]
+    assert all(procfs.read(p) for p in paths)
+    assert len(os.listdir("/proc/self/fd")) <= fds + procfs.KEEP_OPEN
 
 
 def test_process_probe_reads_a_real_cpu_hog_as_host_load() -> None:

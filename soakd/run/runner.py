@@ -71,6 +71,11 @@ _WARN_EVENTS = ("error", "oom", "stall", "source_end", "signal", "sampler_crashe
 #: frame period, if longer), never under STALL_FLOOR_S, never over ``run.stall_timeout_s``
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 5.0
+#: the monitor's longest sleep: how late it may see a stall, the first frame or a store
+#: error, and how long the sink's frames may wait for it at a low rate (a paced run's end it
+#: wakes for on time). Each wake costs the process CPU (45-70 µs on a 2-vCPU VM): at 4 a
+#: second, not 20, it is a tenth of a served run's own CPU less (docs/benchmarks.md, issue 34)
+MONITOR_TICK_S = 0.25
 #: how long ``workload.close()`` may take before the run goes on without it
 CLOSE_TIMEOUT_S = 30.0
 
@@ -639,7 +644,7 @@ class Run:
         end_ns = self.t0_ns + int(s.run.duration * 1e9)
         next_progress = self.t0_ns + 1_000_000_000
         ready, warm_logged, last_done_seen = False, False, 0
-        while not self.stop.wait(0.05):
+        while not self.stop.wait(self._tick_s(end_ns)):
             self._frames.drain()  # a low rate or a hung model: no record waits for a batch
             now = clock.now_ns()
             if self.paced and now >= end_ns:
@@ -664,6 +669,12 @@ class Run:
                 progressing, last_done_seen = c.done != last_done_seen, c.done
                 self.obs.on_progress(self._progress(built, now, end_ns, progressing))
         return False
+
+    def _tick_s(self, end_ns: int) -> float:
+        """How long the monitor sleeps: MONITOR_TICK_S, or until a paced run's end."""
+        if not self.paced:
+            return MONITOR_TICK_S
+        return min(MONITOR_TICK_S, max(0.0, (end_ns - self.clock.now_ns()) / 1e9))
 
     @staticmethod
     def _warm(built: _Stack, c: Counters) -> bool:

@@ -17,6 +17,7 @@ import errno
 import functools
 import itertools
 import json
+import math
 import operator
 import pickle
 import queue
@@ -61,9 +62,12 @@ from soakd.store.server_metrics import SERVER_METRIC_COLUMNS, server_metric_valu
 
 BUSY_TIMEOUT_MS = 10_000
 SQLITE_BUSY, SQLITE_LOCKED = 5, 6
-#: how long the writer sleeps between two looks at its queue (records wait at most this long
-#: to become rows; rows are committed every ``flush_interval_s``), and how many records it
-#: turns into rows at a time, holding the GIL (about 0.3 ms)
+#: how many records the writer turns into rows at a time, holding the GIL (about 0.3 ms),
+#: and its shortest sleep between two looks at its queue: it sleeps until about a chunk has
+#: gathered at the rate records came since its last look, at least this long, at most until
+#: the next flush (``flush_interval_s``; while the database is locked, this long). A served
+#: run's few records a second wake it twice a second, not 20 times (each wake costs the
+#: process CPU: docs/benchmarks.md, issue 34); a fast run's queue holds about a chunk
 DRAIN_INTERVAL_S = 0.05
 DRAIN_CHUNK = 256
 # rows a writer keeps while another connection holds the lock (measured 0.35-0.41 KB each
@@ -655,6 +659,8 @@ class StoreWriter:
         self._locked_since: float | None = None
         self._backoff = 0.0
         self._last_t: float | None = None
+        self._sleep_s = DRAIN_INTERVAL_S  # the next sleep before a look at the queue
+        self._looked = time.monotonic()  # when the queue was last looked at
 
     def start(self) -> None:
         self._thread.start()
@@ -721,7 +727,7 @@ class StoreWriter:
 
     def _collect(self, deadline: float) -> bool:
         """Move up to DRAIN_CHUNK queued records into the pending rows, after sleeping
-        (until ``deadline``, at most DRAIN_INTERVAL_S) when none is queued; True once the
+        (until ``deadline``, at most ``_sleep_s``) when none is queued; True once the
         stop sentinel came. During a lock everything is drained, chunk by chunk, so the
         bound on pending rows holds.
 
@@ -730,7 +736,7 @@ class StoreWriter:
         time. Between two chunks it lets go of the GIL (``sleep(0)``), so that the driver
         never waits for more than one chunk's conversion."""
         if self._q.empty():
-            self._wake.wait(max(0.0, min(deadline - time.monotonic(), DRAIN_INTERVAL_S)))
+            self._wake.wait(max(0.0, min(deadline - time.monotonic(), self._sleep_s)))
         else:
             time.sleep(0)
         get, taken = self._q.get_nowait, 0
@@ -738,6 +744,7 @@ class StoreWriter:
             try:
                 item = get()
             except queue.Empty:
+                self._pace(taken)
                 return False
             if item is self._STOP:
                 return True
@@ -751,7 +758,18 @@ class StoreWriter:
                 taken += 1
             if self._pending.n >= self.max_batch and self._locked_since is None:
                 return False
+        self._pace(taken)
         return False
+
+    def _pace(self, taken: int) -> None:
+        """The next sleep: until about DRAIN_CHUNK records gather at the rate of the
+        ``taken`` since the last look; DRAIN_INTERVAL_S while the database is locked."""
+        now = time.monotonic()
+        rate = taken / max(now - self._looked, 1e-3)
+        self._looked = now
+        gather_s = DRAIN_CHUNK / rate if rate else math.inf
+        locked = self._locked_since is not None
+        self._sleep_s = DRAIN_INTERVAL_S if locked else max(DRAIN_INTERVAL_S, gather_s)
 
     @property
     def waiting(self) -> int:

@@ -27,7 +27,9 @@ exists).
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
 import importlib
 import ipaddress
 import math
@@ -40,9 +42,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-import httpx
 import psutil
 
 from soakd.config import SERVED_KINDS
@@ -642,20 +643,17 @@ class ServerMetricsProbe:
         self.names = frozenset(names)
         self.wait_s = timeout_s if wait_s is None else wait_s
         self.every_s = every_s  # a scrape starts at most this often (0: every tick)
+        self.timeout_s = timeout_s
         self._due = -math.inf  # the tick time from which the next scrape may start
-        self._client = httpx.Client(timeout=timeout_s)
         self._inflight: _Scrape | None = None
         self.failures = 0  # ticks with no rows (failed, timed out, not Prometheus)
 
     def scrape(self) -> list[Series] | None:
-        """The kept series now, or None when the scrape failed (blocks up to the client's
-        timeout)."""
+        """The kept series now, or None when the scrape failed (blocks up to the timeout)."""
         try:
-            r = self._client.get(self.url)
-            if r.status_code != 200:
-                return None
-            return parse_series(r.text, self.names)
-        except (httpx.HTTPError, ValueError):
+            text = get_text(self.url, self.timeout_s)
+            return None if text is None else parse_series(text, self.names)
+        except (OSError, http.client.HTTPException, ValueError):
             return None
 
     def sample_server(self, seq: int, t: float) -> tuple[ServerMetric, ...]:
@@ -680,8 +678,32 @@ class ServerMetricsProbe:
         """Fills no sample column (its rows go to ``server_metrics``)."""
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._client.close()
+        """Nothing is kept open between scrapes."""
+
+
+def get_text(url: str, timeout_s: float) -> str | None:
+    """The body of ``GET url`` when it answers 200, else None; on a connection of its own,
+    closed after it (no keep-alive to go stale between scrapes a second apart), each socket
+    operation within ``timeout_s``. ``http.client``: a third of httpx's CPU a request (0.5
+    against 1.6 ms on a 2-vCPU VM, issue 34); no proxy from the environment (a server's own
+    /metrics is read where it is), a ``user:password@`` in the URL sent as Basic auth.
+    Raises OSError or HTTPException when it cannot be read."""
+    p = urlsplit(url)
+    conn_type = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+    conn = conn_type(p.hostname or "", p.port, timeout=timeout_s)
+    headers = {"Connection": "close", "Accept": "*/*"}
+    if p.username is not None:
+        who = f"{unquote(p.username)}:{unquote(p.password or '')}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(who).decode("ascii")
+    try:
+        conn.request("GET", urlunsplit(("", "", p.path or "/", p.query, "")), headers=headers)
+        r = conn.getresponse()
+        body = r.read()
+        if r.status != 200:
+            return None
+        return body.decode(r.headers.get_content_charset() or "utf-8", "replace")
+    finally:
+        conn.close()
 
 
 def metrics_url(settings: Any) -> str | None:

@@ -40,6 +40,10 @@ from soakd.workloads.realtime.client import SERVER_TURN_EVENT
 
 #: rows held at most while their frame's turn is open (older ones are written as they are)
 MAX_HELD = 64
+#: the driver's wait for a frame: at least the first, at most the second, else until the
+#: next question is due (a frame wakes it sooner). Each wake costs CPU (issue 34): a 10 fps
+#: session woke twice a frame at a fixed 50 ms
+WAIT_S = (0.05, 0.25)
 
 
 @dataclass(slots=True)
@@ -145,6 +149,14 @@ class _Driver:
                 self.next_every += self.every or 1.0
         for text in texts:
             self.ask(text, t)
+
+    def wait_s(self) -> float:
+        """How long to wait for a frame: until the next question is due, within WAIT_S."""
+        t = (self.ctx.clock.now_ns() - self.t_start) / 1e9
+        due = [self.timed[0][0]] if self.timed else []
+        if self.next_every is not None:
+            due.append(self.next_every)
+        return max(WAIT_S[0], min([WAIT_S[1], *(at - t for at in due)]))
 
     def ask(self, text: str, t: float) -> bool:
         """Ask ``text`` about the newest frame sent (its row waits for the answer); a
@@ -333,7 +345,7 @@ def _paced(ctx: DriverContext[Any], d: _Driver) -> None:
     wl = d.wl
     while not ctx.stop.is_set():
         budget = ctx.max_frames is None or ctx.counters.dispatched < ctx.max_frames
-        got = ctx.next_frame(0.05) if budget else None
+        got = ctx.next_frame(d.wait_s()) if budget else None
         d.drain()
         if wl.failed is not None:
             ctx.request_abort(wl.failed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from soakd.records import Frame, StageOutput, error_text
-from soakd.run.drivers.context import DriverContext
+from soakd.run.drivers.context import IDLE_WAIT_S, DriverContext
 from soakd.run.drivers.timing import stage_events
 from soakd.run.sink import StagedFrame
 from soakd.workloads.base import RunAbort, StagedWorkload
@@ -107,7 +107,7 @@ def drive(ctx: DriverContext[StagedWorkload]) -> None:
     warmup_end, max_frames, stale_by = ctx.warmup_end_ns, ctx.max_frames, c.stale_by
     drops_of = ctx.queue.drops_of if ctx.queue is not None else None
     add, new, first = sink.add, tuple.__new__, True
-    for frame, qlen in ctx.frames(0.1):
+    for frame, qlen in ctx.frames(IDLE_WAIT_S):
         t1 = now()  # dispatched
         stream, t_cap = frame.stream, frame.t_capture_ns
         drops = drops_of(stream) if drops_of is not None else 0  # before it was dispatched
