@@ -22,6 +22,7 @@ WITHHELD = "    if host.withholds_looks(live.contended_ticks):\n        return N
 DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_model_s"
 STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 PAUSES = "tests/test_drops_pauses.py"
+QUEUE = "tests/test_contention_server_queue.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # the one definition
@@ -90,6 +91,21 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("the quiet windows' losses forgotten beside contended pauses (#31 contention)",
            CR + "drops.py", "at_rate = rate_q * (float(np.nansum(cap[has])) + excused)",
            "at_rate = 0.0", (PAUSES,)),
+    # the server's queue (server_queue: the scrapes taken while the host was contended)
+    Mutant("a server queue rising only while contended FAILs the model (#31 contention)",
+           CR + "server_queue.py", "    if res.status == FAIL:\n        return [_against_host(",
+           "    if False:\n        return [_against_host(", (QUEUE,)),
+    Mutant("server_queue judges the contended scrapes as the quiet ones (#31 contention)",
+           CR + "server_queue.py", "_quiet_trend(ctx, q, h.quiet, w)",
+           "_quiet_trend(ctx, q, h.busy, w)", (QUEUE,)),
+    Mutant("a server queue only contention fails reads PASS (#31 contention)",
+           CR + "server_queue.py", "res.status, res.detail = INVALID,",
+           "res.status, res.detail = PASS,", (QUEUE,)),
+    Mutant("a queue the quiet scrapes raise too excused by contention (#31 contention)",
+           CR + "server_queue.py", "    if rising:\n", "    if False:\n", (QUEUE,)),
+    Mutant("the running server_queue look stops a run on a contended host (#31 contention)",
+           CR + "server_queue.py", WITHHELD + "    if live.server is None",
+           "    if live.server is None", (QUEUE,)),
     Mutant("stage_trend never sees the contended ticks (#31 contention)",
            CR + "stage_trend.py", "share = h.share() if h is not None else 0.0",
            "share = 0.0", (RULES,)),

@@ -1,7 +1,7 @@
 """Host contention, from soakd's own telemetry: how much of the host's CPUs other processes
 held at each sampler tick, and which frames, windows or ticks were **contended** (the one
 definition every criterion that excuses the host reads: jitter, drops, frame_age,
-stage_trend, and the running looks of those four: ``withholds_looks``).
+stage_trend, server_queue, and the running looks of those five: ``withholds_looks``).
 
 "Other processes" are the host's busy CPU (``host_cpu_pct``: every CPU, % of all of them)
 less soakd's own process (``cpu_pct``, % of one core: the in-process model included) and,
@@ -74,9 +74,10 @@ def contended(others: np.ndarray | float, pct: float) -> np.ndarray:
 
 def withholds_looks(contended_ticks: int) -> bool:
     """Whether the running look (``run.stop_on_fail``) of a criterion the host can fail
-    (jitter, drops, frame_age, stage_trend) must stop nothing: once one telemetry tick since
-    the warm-up was contended (``contended_ticks``, counted by soakd/run/early_stop.py with
-    ``contended``). The verdict sets the contended frames, windows or ticks aside; a look
+    (jitter, drops, frame_age, stage_trend, server_queue) must stop nothing: once one
+    telemetry tick since the warm-up was contended (``contended_ticks``, counted by
+    soakd/run/early_stop.py with ``contended``). The verdict sets the contended frames,
+    windows, ticks or scrapes aside; a look
     cannot, so the run goes on and the verdict decides: an early FAIL is a claim about the
     model, never about the other processes on the host."""
     return contended_ticks > 0
