@@ -23,6 +23,7 @@ DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_mod
 STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 PAUSES = "tests/test_drops_pauses.py"
 QUEUE = "tests/test_contention_server_queue.py"
+SIGSTOP = PAUSES + "::test_a_real_sigstop_fails_on_a_quiet_host_and_is_invalid_on_a_contended_one"
 
 MUTANTS: tuple[Mutant, ...] = (
     # the one definition
@@ -106,6 +107,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("the running server_queue look stops a run on a contended host (#31 contention)",
            CR + "server_queue.py", WITHHELD + "    if live.server is None",
            "    if live.server is None", (QUEUE,)),
+    Mutant("only the pause events among the first 200 a run loads count (#31 contention)",
+           "soakd/store/rundata.py", "kind = 'pause' ORDER BY t, id\"",
+           "kind = 'pause' ORDER BY t, id LIMIT 199\"",
+           (PAUSES + "::test_every_pause_event_counts_beyond_the_200_events_a_run_loads",)),
+    Mutant("the pacer's pause event carries no tick count in its data (#31 contention)",
+           "soakd/run/runner.py", 'data = {"ticks": n, "ms": ms}', "data = None",
+           (SIGSTOP,)),
     Mutant("stage_trend never sees the contended ticks (#31 contention)",
            CR + "stage_trend.py", "share = h.share() if h is not None else 0.0",
            "share = 0.0", (RULES,)),

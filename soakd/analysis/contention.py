@@ -29,7 +29,8 @@ from soakd.analysis.model import RunData
 #: ``criteria.contended_cpu_pct`` at this value turns the rule off: every frame is the model's
 OFF_PCT = 100.0
 
-#: the pacer's ``pause`` event (soakd/run/runner.py): "2 tick(s) missed (~100 ms): ..."
+#: an older soakd's ``pause`` event, without its ticks in its data: "2 tick(s) missed (~100
+#: ms): ..." (soakd/run/runner.py)
 _PAUSE = re.compile(r"^(\d+) tick\(s\) missed \(~(\d+(?:\.\d+)?) ms\)")
 
 
@@ -190,8 +191,9 @@ class Pauses(NamedTuple):
     """The pacer's pauses (``pause`` events: ticks missed because soakd's process did not
     run on time) against the host: the ticks missed in contended pauses (``contended``: the
     host's) and in quiet ones (``quiet``), the events read and how many of them were
-    contended, the events the run stored beyond those loaded (``unread``: their ticks are
-    in neither count) and others' share over each contended pause (``others``)."""
+    contended, the events the run stored that were not read (``unread``: none once
+    ``RunData.pauses`` is loaded, which holds every one; their ticks would be in neither
+    count) and others' share over each contended pause (``others``)."""
 
     contended: float
     quiet: float
@@ -201,24 +203,31 @@ class Pauses(NamedTuple):
     others: np.ndarray
 
 
+def _pause_ticks(data: RunData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t, ticks, ms) of every pause event read (``RunData.pauses``): the ticks missed and
+    their ms from the event's data, or from its message for an older soakd's event."""
+    p = data.pauses
+    if not p:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    t, n, ms = (np.array(p[k], dtype=np.float64) for k in ("t", "ticks", "ms"))
+    for i in np.flatnonzero(~np.isfinite(n) | ~np.isfinite(ms)):
+        m = _PAUSE.match(str(p["message"][i] or ""))
+        n[i], ms[i] = (float(m.group(1)), float(m.group(2))) if m else (np.nan, np.nan)
+    ok = np.isfinite(t) & np.isfinite(n) & np.isfinite(ms)
+    return t[ok], n[ok], ms[ok]
+
+
 def pauses(data: RunData, pct: float) -> Pauses | None:
     """The run's ``pause`` events against the host: each covers the time it says the pacer
     missed (``n`` ticks, ``~ms``) up to the event, and is contended as any interval is
     (``during``: the mean of others' share over the ticks covering it). A SIGSTOP stops the
     sampler too: the tick after it covers the stop, quiet unless other processes held the
     CPUs meanwhile. None when the rule is off or no tick covers a pause."""
-    t, n, ms = [], [], []
-    for e in data.events:
-        m = _PAUSE.match(str(e.get("message") or "")) if e.get("kind") == "pause" else None
-        if m is not None and e.get("t") is not None:
-            t.append(float(e["t"]))
-            n.append(float(m.group(1)))
-            ms.append(float(m.group(2)))
-    end, ticks = np.asarray(t, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    end, ticks, ms = _pause_ticks(data)
     unread = max(int(data.event_counts.get("pause", 0)) - end.size, 0)
     if not end.size:
         return Pauses(0.0, 0.0, 0, 0, unread, np.zeros(0))
-    h = during(data, end - np.asarray(ms, dtype=np.float64) / 1e3, end, pct)
+    h = during(data, end - ms / 1e3, end, pct)
     if h is None:
         return None
     return Pauses(
