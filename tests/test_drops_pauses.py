@@ -194,6 +194,44 @@ def test_every_pause_event_counts_beyond_the_200_events_a_run_loads(conn) -> Non
     assert quiet.evidence["contention"]["missed_pause_kept"] == MANY, quiet.evidence
 
 
+def _starved(conn: sqlite3.Connection, in_burst: HostTick) -> CriterionResult:
+    """A healthy 60 s run at 10 fps (a latest-frame queue) whose model dispatched nothing in
+    the last 3 s of the first two bursts (15-25 s, 35-45 s): the 30 frames the queue replaced
+    each time are counted on the first row dispatched after the burst, captured after it;
+    on a 1-CPU host whose bursts' ticks are ``in_burst``, written through the store and
+    judged: its drops."""
+    cols = healthy(DUR, FPS, WARM)
+    c = cols["t_capture"]
+    starved = ((c >= 22) & (c < 25)) | ((c >= 42) & (c < 45))
+    drops = np.zeros(c.size, dtype=int)
+    drops[[np.flatnonzero(c >= end)[0] for end in (25.0, 45.0)]] = 30
+    cols["drop_count"] = np.cumsum(drops)
+    summary = {"drops": 60, "stale": 0, "queued_at_end": 0, "in_flight_at_end": 0,
+               "pacer_missed_ticks": 0, "missed_ticks_source": 0,
+               "missed_ticks_pause": 0}  # fmt: skip
+    rid = store_run(conn, f"pauses{next(_made)}", {k: v[~starved] for k, v in cols.items()},
+                    dur=DUR, fps=FPS, run={"consume": "latest"}, samples=_samples(in_burst),
+                    summary=summary, environment={"cpu_count": 1})  # fmt: skip
+    d = judged(conn, rid).get("drops")
+    assert d is not None
+    return d
+
+
+def test_losses_counted_just_after_a_contended_spell_the_model_could_not_run_in_are_the_host_s(
+    conn,
+) -> None:
+    """60 frames lost while the model could not run at the end of two contended bursts and
+    counted on the first frame after each (in a quiet window): set aside as the host's,
+    INVALID; the same on a quiet host FAILs (11 % of the ticks lost)."""
+    busy = _starved(conn, BUSY)
+    assert busy.status == "invalid", busy.detail
+    cn = busy.evidence["contention"]
+    assert (cn["lost_carried"], cn["lost_contended"], cn["quiet_rate"]) == (60, 60, 0), cn
+    assert "or counted just after them (60)" in busy.detail, busy.detail
+    quiet = _starved(conn, QUIET)
+    assert quiet.status == "fail" and quiet.evidence["contention"]["lost_carried"] == 0, quiet
+
+
 def _real_drops(db: Path, rid: str, others_pct: float) -> CriterionResult:
     """The stored real run re-judged (``soakd gate RUN_ID``, ``contended_cpu_pct = 75``)
     with its host telemetry rewritten: the host's busy share becomes soakd's own share plus

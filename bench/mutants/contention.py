@@ -23,6 +23,10 @@ DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_mod
 STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 PAUSES = "tests/test_drops_pauses.py"
 QUEUE = "tests/test_contention_server_queue.py"
+STARVED = (
+    PAUSES + "::test_losses_counted_just_after_a_contended_spell_the_model_could_not_run_in_are"
+    "_the_host_s"
+)
 SIGSTOP = PAUSES + "::test_a_real_sigstop_fails_on_a_quiet_host_and_is_invalid_on_a_contended_one"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -114,6 +118,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("the pacer's pause event carries no tick count in its data (#31 contention)",
            "soakd/run/runner.py", 'data = {"ticks": n, "ms": ms}', "data = None",
            (SIGSTOP,)),
+    # losses accrued in a contended spell, counted on the first row after it
+    Mutant("losses counted just after a contended spell are the model's (#31 contention)",
+           HOST, "    return None if h is None else h.busy\n", "    return None\n", (STARVED,)),
+    Mutant("a row's losses judged by the tick of its dispatch alone (#31 contention)",
+           HOST, "prev = np.concatenate([disp[:1], disp[:-1]])", "prev = disp", (STARVED,)),
+    Mutant("losses carried out of a contended spell kept in the quiet rate (#31 contention)",
+           CR + "drops.py", "rate_q = (float(np.nansum(lost[quiet])) - carried) / cap_q",
+           "rate_q = float(np.nansum(lost[quiet])) / cap_q", (STARVED,)),
     Mutant("stage_trend never sees the contended ticks (#31 contention)",
            CR + "stage_trend.py", "share = h.share() if h is not None else 0.0",
            "share = 0.0", (RULES,)),

@@ -14,7 +14,8 @@ contended too when it queued behind a contended one (``behind``): a backlog buil
 host was contended drains after it went quiet, and those frames' age is the host's. The
 ticks the pacer missed because soakd's process did not run on time (a ``pause`` event) are
 the host's when the pause itself was contended (``pauses``); a SIGSTOP on a quiet host is
-not.
+not. The frames a model lost while it could not run in a contended spell are the host's
+though the frame that counts them came after it (``accrued``).
 """
 
 from __future__ import annotations
@@ -165,6 +166,21 @@ def behind(
         before = (seen - b)[~link]  # the contended frames before each chain's first
         out[idx] = seen - before[chain] > 0
     return out
+
+
+def accrued(data: RunData, rows: np.ndarray, pct: float) -> np.ndarray | None:
+    """Which of the frames ``rows`` (a mask, in row order) carry losses that accrued while
+    the host was contended: a row's running loss counters hold the frames lost up to its
+    dispatch (a latest-frame queue replaced them, a stale frame was skipped), so the losses
+    it adds accrued since the row before it was dispatched, and are the host's when that
+    span was contended (``during``). A model that could not run in a contended spell loses
+    frames all through it and counts them on the first row it dispatches after it, a row
+    captured once the host went quiet. None as for ``during``."""
+    disp = data.frame("t_dispatch")[rows]
+    disp = np.where(np.isfinite(disp), disp, data.frames["t_capture"][rows])
+    prev = np.concatenate([disp[:1], disp[:-1]])
+    h = during(data, prev, disp, pct)
+    return None if h is None else h.busy
 
 
 def others_during(data: RunData, start: np.ndarray, end: np.ndarray) -> np.ndarray:
