@@ -6,6 +6,7 @@ Runs written through the store (tests/stored_runs.py), judged as ``soakd gate`` 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -150,6 +151,87 @@ def test_a_slow_sources_missed_ticks_on_a_contended_host_are_not_excused(conn) -
     assert c.evidence["contention"]["missed_pause_contended"] == 0, c.evidence
 
 
+#: one-tick pauses, more than the 200 events a run's verdict loads of every kind
+MANY = 240
+
+
+def _many_pauses(conn: sqlite3.Connection, in_burst: HostTick) -> CriterionResult:
+    """A healthy 60 s run at 10 fps whose pacer missed the first ``MANY`` ticks of the
+    bursts, one ``pause`` event each with its ticks in its data as the pacer writes it
+    (soakd/run/runner.py), their rows absent; on a 1-CPU host whose bursts' ticks are
+    ``in_burst``, written through the store and judged: its drops."""
+    cols = healthy(DUR, FPS, WARM)
+    c = cols["t_capture"]
+    gone = np.zeros(c.size, dtype=bool)
+    gone[np.flatnonzero(_in_burst(c) & ~cols["warmup"])[:MANY]] = True
+    events = [Event("warmup_end", WARM, 0.0, f"warm-up of {WARM:g} s ended")]
+    events += [Event("pause", float(t), 0.0, "1 tick(s) missed (~100 ms): the process did not "
+                     "run on time", data={"ticks": 1, "ms": 100.0}) for t in c[gone]]  # fmt: skip
+    summary = {"drops": 0, "stale": 0, "queued_at_end": 0, "in_flight_at_end": 0,
+               "pacer_missed_ticks": MANY, "missed_ticks_source": 0,
+               "missed_ticks_pause": MANY}  # fmt: skip
+    rid = store_run(conn, f"pauses{next(_made)}", {k: v[~gone] for k, v in cols.items()},
+                    dur=DUR, fps=FPS, samples=_samples(in_burst), events=events,
+                    summary=summary, environment={"cpu_count": 1})  # fmt: skip
+    d = judged(conn, rid).get("drops")
+    assert d is not None
+    return d
+
+
+def test_every_pause_event_counts_beyond_the_200_events_a_run_loads(conn) -> None:
+    """240 one-tick pauses (each its ticks in its data) while other processes held 95 % of
+    the CPU: all 240 read, set aside but the 3 that straddle a burst's start, INVALID (with
+    the first 200 events alone, the 41 unread were the model's: FAIL); on a quiet host
+    FAIL, all 240 kept."""
+    busy = _many_pauses(conn, BUSY)
+    assert busy.status == "invalid", busy.detail
+    cn = busy.evidence["contention"]
+    assert (cn["pause_events"], cn["pause_events_unread"]) == (MANY, 0), cn
+    # all but the 3 at a burst's first tick (their 100 ms straddle a quiet tick)
+    assert cn["missed_pause_contended"] == cn["pause_events_contended"] == MANY - 3, cn
+    quiet = _many_pauses(conn, QUIET)
+    assert quiet.status == "fail", quiet.detail
+    assert quiet.evidence["contention"]["missed_pause_kept"] == MANY, quiet.evidence
+
+
+def _starved(conn: sqlite3.Connection, in_burst: HostTick) -> CriterionResult:
+    """A healthy 60 s run at 10 fps (a latest-frame queue) whose model dispatched nothing in
+    the last 3 s of the first two bursts (15-25 s, 35-45 s): the 30 frames the queue replaced
+    each time are counted on the first row dispatched after the burst, captured after it;
+    on a 1-CPU host whose bursts' ticks are ``in_burst``, written through the store and
+    judged: its drops."""
+    cols = healthy(DUR, FPS, WARM)
+    c = cols["t_capture"]
+    starved = ((c >= 22) & (c < 25)) | ((c >= 42) & (c < 45))
+    drops = np.zeros(c.size, dtype=int)
+    drops[[np.flatnonzero(c >= end)[0] for end in (25.0, 45.0)]] = 30
+    cols["drop_count"] = np.cumsum(drops)
+    summary = {"drops": 60, "stale": 0, "queued_at_end": 0, "in_flight_at_end": 0,
+               "pacer_missed_ticks": 0, "missed_ticks_source": 0,
+               "missed_ticks_pause": 0}  # fmt: skip
+    rid = store_run(conn, f"pauses{next(_made)}", {k: v[~starved] for k, v in cols.items()},
+                    dur=DUR, fps=FPS, run={"consume": "latest"}, samples=_samples(in_burst),
+                    summary=summary, environment={"cpu_count": 1})  # fmt: skip
+    d = judged(conn, rid).get("drops")
+    assert d is not None
+    return d
+
+
+def test_losses_counted_just_after_a_contended_spell_the_model_could_not_run_in_are_the_host_s(
+    conn,
+) -> None:
+    """60 frames lost while the model could not run at the end of two contended bursts and
+    counted on the first frame after each (in a quiet window): set aside as the host's,
+    INVALID; the same on a quiet host FAILs (11 % of the ticks lost)."""
+    busy = _starved(conn, BUSY)
+    assert busy.status == "invalid", busy.detail
+    cn = busy.evidence["contention"]
+    assert (cn["lost_carried"], cn["lost_contended"], cn["quiet_rate"]) == (60, 60, 0), cn
+    assert "or counted just after them (60)" in busy.detail, busy.detail
+    quiet = _starved(conn, QUIET)
+    assert quiet.status == "fail" and quiet.evidence["contention"]["lost_carried"] == 0, quiet
+
+
 def _real_drops(db: Path, rid: str, others_pct: float) -> CriterionResult:
     """The stored real run re-judged (``soakd gate RUN_ID``, ``contended_cpu_pct = 75``)
     with its host telemetry rewritten: the host's busy share becomes soakd's own share plus
@@ -201,6 +283,11 @@ def test_a_real_sigstop_fails_on_a_quiet_host_and_is_invalid_on_a_contended_one(
     assert paused >= 30, quiet.evidence  # 2 s at 20 fps, less what the pacer saw at the edges
     assert quiet.status == "fail", quiet.detail
     assert quiet.evidence["contention"]["missed_pause_kept"] == paused, quiet.evidence
+    with sqlite3.connect(db) as conn:  # the pacer's pauses carry their ticks in their data
+        data = [
+            json.loads(d) for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'pause'")
+        ]
+    assert sum(d["ticks"] for d in data) == paused, data
     busy = _real_drops(db, rid, 100.0)
     assert busy.status == "invalid", busy.detail
     assert busy.detail.startswith("the host was contended: "), busy.detail

@@ -22,6 +22,12 @@ WITHHELD = "    if host.withholds_looks(live.contended_ticks):\n        return N
 DRAIN = EC + "test_a_backlog_draining_after_contention_is_the_host_s_not_the_model_s"
 STAGE_LOOK = EC + "test_a_stage_slowing_toward_the_frame_budget_stops_the_run_on_a_quiet_host"
 PAUSES = "tests/test_drops_pauses.py"
+QUEUE = "tests/test_contention_server_queue.py"
+STARVED = (
+    PAUSES + "::test_losses_counted_just_after_a_contended_spell_the_model_could_not_run_in_are"
+    "_the_host_s"
+)
+SIGSTOP = PAUSES + "::test_a_real_sigstop_fails_on_a_quiet_host_and_is_invalid_on_a_contended_one"
 
 MUTANTS: tuple[Mutant, ...] = (
     # the one definition
@@ -90,6 +96,36 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("the quiet windows' losses forgotten beside contended pauses (#31 contention)",
            CR + "drops.py", "at_rate = rate_q * (float(np.nansum(cap[has])) + excused)",
            "at_rate = 0.0", (PAUSES,)),
+    # the server's queue (server_queue: the scrapes taken while the host was contended)
+    Mutant("a server queue rising only while contended FAILs the model (#31 contention)",
+           CR + "server_queue.py", "    if res.status == FAIL:\n        return [_against_host(",
+           "    if False:\n        return [_against_host(", (QUEUE,)),
+    Mutant("server_queue judges the contended scrapes as the quiet ones (#31 contention)",
+           CR + "server_queue.py", "_quiet_trend(ctx, q, h.quiet, w)",
+           "_quiet_trend(ctx, q, h.busy, w)", (QUEUE,)),
+    Mutant("a server queue only contention fails reads PASS (#31 contention)",
+           CR + "server_queue.py", "res.status, res.detail = INVALID,",
+           "res.status, res.detail = PASS,", (QUEUE,)),
+    Mutant("a queue the quiet scrapes raise too excused by contention (#31 contention)",
+           CR + "server_queue.py", "    if rising:\n", "    if False:\n", (QUEUE,)),
+    Mutant("the running server_queue look stops a run on a contended host (#31 contention)",
+           CR + "server_queue.py", WITHHELD + "    if live.server is None",
+           "    if live.server is None", (QUEUE,)),
+    Mutant("only the pause events among the first 200 a run loads count (#31 contention)",
+           "soakd/store/rundata.py", "kind = 'pause' ORDER BY t, id\"",
+           "kind = 'pause' ORDER BY t, id LIMIT 199\"",
+           (PAUSES + "::test_every_pause_event_counts_beyond_the_200_events_a_run_loads",)),
+    Mutant("the pacer's pause event carries no tick count in its data (#31 contention)",
+           "soakd/run/runner.py", 'data = {"ticks": n, "ms": ms}', "data = None",
+           (SIGSTOP,)),
+    # losses accrued in a contended spell, counted on the first row after it
+    Mutant("losses counted just after a contended spell are the model's (#31 contention)",
+           HOST, "    return None if h is None else h.busy\n", "    return None\n", (STARVED,)),
+    Mutant("a row's losses judged by the tick of its dispatch alone (#31 contention)",
+           HOST, "prev = np.concatenate([disp[:1], disp[:-1]])", "prev = disp", (STARVED,)),
+    Mutant("losses carried out of a contended spell kept in the quiet rate (#31 contention)",
+           CR + "drops.py", "rate_q = (float(np.nansum(lost[quiet])) - carried) / cap_q",
+           "rate_q = float(np.nansum(lost[quiet])) / cap_q", (STARVED,)),
     Mutant("stage_trend never sees the contended ticks (#31 contention)",
            CR + "stage_trend.py", "share = h.share() if h is not None else 0.0",
            "share = 0.0", (RULES,)),

@@ -1,7 +1,7 @@
 """Host contention, from soakd's own telemetry: how much of the host's CPUs other processes
 held at each sampler tick, and which frames, windows or ticks were **contended** (the one
 definition every criterion that excuses the host reads: jitter, drops, frame_age,
-stage_trend, and the running looks of those four: ``withholds_looks``).
+stage_trend, server_queue, and the running looks of those five: ``withholds_looks``).
 
 "Other processes" are the host's busy CPU (``host_cpu_pct``: every CPU, % of all of them)
 less soakd's own process (``cpu_pct``, % of one core: the in-process model included) and,
@@ -14,7 +14,8 @@ contended too when it queued behind a contended one (``behind``): a backlog buil
 host was contended drains after it went quiet, and those frames' age is the host's. The
 ticks the pacer missed because soakd's process did not run on time (a ``pause`` event) are
 the host's when the pause itself was contended (``pauses``); a SIGSTOP on a quiet host is
-not.
+not. The frames a model lost while it could not run in a contended spell are the host's
+though the frame that counts them came after it (``accrued``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from soakd.analysis.model import RunData
 #: ``criteria.contended_cpu_pct`` at this value turns the rule off: every frame is the model's
 OFF_PCT = 100.0
 
-#: the pacer's ``pause`` event (soakd/run/runner.py): "2 tick(s) missed (~100 ms): ..."
+#: an older soakd's ``pause`` event, without its ticks in its data: "2 tick(s) missed (~100
+#: ms): ..." (soakd/run/runner.py)
 _PAUSE = re.compile(r"^(\d+) tick\(s\) missed \(~(\d+(?:\.\d+)?) ms\)")
 
 
@@ -74,9 +76,10 @@ def contended(others: np.ndarray | float, pct: float) -> np.ndarray:
 
 def withholds_looks(contended_ticks: int) -> bool:
     """Whether the running look (``run.stop_on_fail``) of a criterion the host can fail
-    (jitter, drops, frame_age, stage_trend) must stop nothing: once one telemetry tick since
-    the warm-up was contended (``contended_ticks``, counted by soakd/run/early_stop.py with
-    ``contended``). The verdict sets the contended frames, windows or ticks aside; a look
+    (jitter, drops, frame_age, stage_trend, server_queue) must stop nothing: once one
+    telemetry tick since the warm-up was contended (``contended_ticks``, counted by
+    soakd/run/early_stop.py with ``contended``). The verdict sets the contended frames,
+    windows, ticks or scrapes aside; a look
     cannot, so the run goes on and the verdict decides: an early FAIL is a claim about the
     model, never about the other processes on the host."""
     return contended_ticks > 0
@@ -165,6 +168,21 @@ def behind(
     return out
 
 
+def accrued(data: RunData, rows: np.ndarray, pct: float) -> np.ndarray | None:
+    """Which of the frames ``rows`` (a mask, in row order) carry losses that accrued while
+    the host was contended: a row's running loss counters hold the frames lost up to its
+    dispatch (a latest-frame queue replaced them, a stale frame was skipped), so the losses
+    it adds accrued since the row before it was dispatched, and are the host's when that
+    span was contended (``during``). A model that could not run in a contended spell loses
+    frames all through it and counts them on the first row it dispatches after it, a row
+    captured once the host went quiet. None as for ``during``."""
+    disp = data.frame("t_dispatch")[rows]
+    disp = np.where(np.isfinite(disp), disp, data.frames["t_capture"][rows])
+    prev = np.concatenate([disp[:1], disp[:-1]])
+    h = during(data, prev, disp, pct)
+    return None if h is None else h.busy
+
+
 def others_during(data: RunData, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """For each interval ``start`` .. ``end`` (seconds since the run's start): the mean share
     of the host's CPUs other processes held over the ticks covering it (NaN when no tick
@@ -189,8 +207,9 @@ class Pauses(NamedTuple):
     """The pacer's pauses (``pause`` events: ticks missed because soakd's process did not
     run on time) against the host: the ticks missed in contended pauses (``contended``: the
     host's) and in quiet ones (``quiet``), the events read and how many of them were
-    contended, the events the run stored beyond those loaded (``unread``: their ticks are
-    in neither count) and others' share over each contended pause (``others``)."""
+    contended, the events the run stored that were not read (``unread``: none once
+    ``RunData.pauses`` is loaded, which holds every one; their ticks would be in neither
+    count) and others' share over each contended pause (``others``)."""
 
     contended: float
     quiet: float
@@ -200,24 +219,31 @@ class Pauses(NamedTuple):
     others: np.ndarray
 
 
+def _pause_ticks(data: RunData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t, ticks, ms) of every pause event read (``RunData.pauses``): the ticks missed and
+    their ms from the event's data, or from its message for an older soakd's event."""
+    p = data.pauses
+    if not p:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    t, n, ms = (np.array(p[k], dtype=np.float64) for k in ("t", "ticks", "ms"))
+    for i in np.flatnonzero(~np.isfinite(n) | ~np.isfinite(ms)):
+        m = _PAUSE.match(str(p["message"][i] or ""))
+        n[i], ms[i] = (float(m.group(1)), float(m.group(2))) if m else (np.nan, np.nan)
+    ok = np.isfinite(t) & np.isfinite(n) & np.isfinite(ms)
+    return t[ok], n[ok], ms[ok]
+
+
 def pauses(data: RunData, pct: float) -> Pauses | None:
     """The run's ``pause`` events against the host: each covers the time it says the pacer
     missed (``n`` ticks, ``~ms``) up to the event, and is contended as any interval is
     (``during``: the mean of others' share over the ticks covering it). A SIGSTOP stops the
     sampler too: the tick after it covers the stop, quiet unless other processes held the
     CPUs meanwhile. None when the rule is off or no tick covers a pause."""
-    t, n, ms = [], [], []
-    for e in data.events:
-        m = _PAUSE.match(str(e.get("message") or "")) if e.get("kind") == "pause" else None
-        if m is not None and e.get("t") is not None:
-            t.append(float(e["t"]))
-            n.append(float(m.group(1)))
-            ms.append(float(m.group(2)))
-    end, ticks = np.asarray(t, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    end, ticks, ms = _pause_ticks(data)
     unread = max(int(data.event_counts.get("pause", 0)) - end.size, 0)
     if not end.size:
         return Pauses(0.0, 0.0, 0, 0, unread, np.zeros(0))
-    h = during(data, end - np.asarray(ms, dtype=np.float64) / 1e3, end, pct)
+    h = during(data, end - ms / 1e3, end, pct)
     if h is None:
         return None
     return Pauses(

@@ -200,7 +200,7 @@ def load_run_data(conn: sqlite3.Connection, run_id: str, *, bounded: bool | None
         meta, frames, samples, emissions, events, counts, errors, gpus, stages=stages,
         server=load_server_metrics(conn, run_id),  # a served model's server, else empty
         error_kinds=q.load_error_kinds(conn, run_id) if served else {},
-        turns=_turns(conn, run_id, meta),
+        turns=_turns(conn, run_id, meta), pauses=q.load_pause_columns(conn, run_id),
     )  # fmt: skip
 
 
@@ -218,5 +218,5 @@ def _bounded_run_data(conn: sqlite3.Connection, run_id: str, meta: RunMeta) -> R
         q.load_error_messages(conn, run_id), load_gpu_columns(conn, run_id),
         source=StoreSource(conn, run_id), server=load_server_metrics(conn, run_id),
         error_kinds=q.load_error_kinds(conn, run_id) if meta.workload_kind == "openai" else {},
-        turns=_turns(conn, run_id, meta),
+        turns=_turns(conn, run_id, meta), pauses=q.load_pause_columns(conn, run_id),
     )  # fmt: skip

@@ -174,6 +174,10 @@ class RunData:
     #: ``t_capture``, ``t_done``, ``warmup`` and rundata.TURN_FIELDS (``ttfd_ms``, ``done_ms``,
     #: ``delta_p95_ms``, ``audio_s``, ``audio_rtf``, ``underruns``); empty otherwise
     turns: dict[str, np.ndarray] = field(default_factory=dict)
+    #: every ``pause`` event, however many (soakd.store.rundata.load_pause_columns): ``t``,
+    #: ``ticks``, ``ms`` and, for an older soakd's event without them, its ``message``;
+    #: empty when not loaded (soakd.analysis.contention.pauses)
+    pauses: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_frames(self) -> int:

@@ -9,8 +9,8 @@ false for ``soakd run``, true under ``plan run``): errors past ``max_errors``, a
 losses past ``max_drop_fraction`` of every tick the planned run can have, a memory floor,
 the frame age (its window medians, ``Live.add_age``) or a stage time rising significantly
 at the alpha a Pocock-type spending function gives this look (``criteria.base.look_alpha``),
-jitter past its allowance. Those the host can fail (jitter, drops, frame age, stage trend)
-stop nothing once a tick since the warm-up saw the host contended
+jitter past its allowance. Those the host can fail (jitter, drops, frame age, stage trend,
+the server's queue) stop nothing once a tick since the warm-up saw the host contended
 (``contention.withholds_looks`` on ``Live.contended_ticks``): the verdict sets those frames
 aside, a look cannot; and a frame is counted only once the tick at or after its end has
 come (``EarlyStop.on_frame``), so no look counts a frame whose host it has not seen. The

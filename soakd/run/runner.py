@@ -258,8 +258,9 @@ class Run:
         else:
             self._early_events.append(ev)
 
-    def _now_event(self, kind: str, message: str) -> Event:
-        return Event(kind, (self.clock.now_ns() - self.t0_ns) / 1e9, self.clock.wall(), message)
+    def _now_event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> Event:
+        t = (self.clock.now_ns() - self.t0_ns) / 1e9
+        return Event(kind, t, self.clock.wall(), message, data=data)
 
     def _sample(self, s: Sample) -> None:
         self._last_sample = s
@@ -548,14 +549,16 @@ class Run:
 
     def _ticks_missed(self, n: int, cause: str, deadline_ns: int) -> None:
         """A pause (the process did not run on time) is an event; a slow source misses ticks
-        on every frame, so only its first miss is."""
+        on every frame, so only its first miss is. Its data holds the ticks missed and their
+        ms (``ticks``, ``ms``: contention.pauses reads them)."""
         if cause != "pause" and self._source_slow_logged:
             return
         self._source_slow_logged |= cause != "pause"
         ms = n * 1e3 / self.settings.run.fps
         what = "the process did not run on time" if cause == "pause" else "the source was slow"
         kind = "pause" if cause == "pause" else "source_slow"
-        self._event(self._now_event(kind, f"{n} tick(s) missed (~{ms:.0f} ms): {what}"))
+        data = {"ticks": n, "ms": ms}
+        self._event(self._now_event(kind, f"{n} tick(s) missed (~{ms:.0f} ms): {what}", data))
 
     def on_signal(self, signum: int, reason: str) -> None:
         """A stop signal: recorded as a ``signal`` event, then the run stops cleanly."""

@@ -241,6 +241,34 @@ def load_events(
     return events, counts
 
 
+def load_pause_columns(conn: sqlite3.Connection, run_id: str) -> dict[str, np.ndarray]:
+    """Every ``pause`` event of the run, however many (``load_events`` reads the first 200 of
+    all kinds), in time order: ``t``, the ticks the pacer missed and their ms from its data
+    (``ticks``, ``ms``; NaN for an event of an older soakd without them, whose ``message``,
+    None otherwise, says them)."""
+    rows = conn.execute(
+        "SELECT t, data, message FROM events WHERE run_id = ? AND kind = 'pause' ORDER BY t, id",
+        (run_id,),
+    ).fetchall()
+    n = len(rows)
+    out = {k: np.full(n, np.nan) for k in ("t", "ticks", "ms")}
+    out["message"] = np.full(n, None, dtype=object)
+    for i, (t, data, message) in enumerate(rows):
+        d = _json(data)
+        d = d if isinstance(d, dict) else {}
+        out["t"][i] = np.nan if t is None else float(t)
+        ticks, ms = _number(d.get("ticks")), _number(d.get("ms"))
+        if ticks is None or ms is None:
+            out["message"][i] = message
+            continue
+        out["ticks"][i], out["ms"][i] = ticks, ms
+    return out
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
 def _json(text: str | None) -> Any:
     try:
         return json.loads(text) if text else None

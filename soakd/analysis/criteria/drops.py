@@ -108,22 +108,24 @@ def contention(
     has = np.isfinite(cap)
     busy = has & h.busy
     quiet = has & h.quiet
+    carried = _carried(ctx, rates, quiet, pct)
     windowed = float(np.nansum(lost[has]))
     unwindowed = max(float(loss.lost) - windowed, 0.0)
     p = host.pauses(d, pct)
     paused = float(loss.missed_pause or 0.0)
     excused = min(p.contended, paused, unwindowed) if p is not None else 0.0
     cap_q = float(np.nansum(cap[quiet]))
-    rate_q = float(np.nansum(lost[quiet])) / cap_q if cap_q > 0 else 0.0
+    rate_q = (float(np.nansum(lost[quiet])) - carried) / cap_q if cap_q > 0 else 0.0
     at_rate = rate_q * (float(np.nansum(cap[has])) + excused)
     frac_q = (at_rate + unwindowed - excused) / loss.ticks if loss.ticks else 0.0
-    lost_busy = float(np.nansum(lost[busy]))
+    lost_busy = float(np.nansum(lost[busy])) + carried
     others = np.concatenate([h.others[busy], p.others if p is not None else []])
     others = others[np.isfinite(others)]
     return {
         "contended_cpu_pct": pct,
         "lost": float(loss.lost),
         "lost_contended": lost_busy,
+        "lost_carried": carried,
         "lost_contended_share": (lost_busy + excused) / float(loss.lost) if loss.lost else None,
         "lost_unwindowed": unwindowed - excused,
         "missed_pause": loss.missed_pause,
@@ -139,6 +141,20 @@ def contention(
         "quiet_fraction": frac_q,
         "quiet_fails": frac_q > ctx.crit.max_drop_fraction,
     }
+
+
+def _carried(ctx: Context, rates: stats.Windows, quiet: np.ndarray, pct: float) -> float:
+    """The losses the ``quiet`` windows hold that accrued while the host was contended
+    (``contention.accrued``): counted on a row captured after a contended spell, lost in
+    it. They are the host's, set aside with the contended windows'."""
+    d, post = ctx.data, ctx.post
+    busy = host.accrued(d, post, pct)
+    if busy is None or not busy.any():
+        return 0.0
+    lost_cum, _, base, _ = _loss_counters(d, post)
+    added = np.clip(np.diff(lost_cum[post], prepend=sum(base)), 0.0, None)
+    at = stats.window_index(d.frames["t_capture"][post], ctx.t0, rates.width_s, rates.t.size)
+    return float(added[busy & quiet[at]].sum())
 
 
 def _recent_rate(rates: stats.Windows) -> float | None:
@@ -246,6 +262,8 @@ def _contended_detail(cn: dict[str, Any]) -> str:
 def _set_aside(cn: dict[str, Any]) -> str:
     """The host's share of the losses: the contended windows' and the pauses' ticks."""
     text = f"{cn['lost_contended']:.0f} lost in {cn['windows_contended']} contended window(s)"
+    if cn.get("lost_carried"):
+        text += f" or counted just after them ({cn['lost_carried']:.0f})"
     if cn["missed_pause"] is not None:
         text += (
             f", {cn['missed_pause_contended']:.0f} of the {cn['missed_pause']:.0f} tick(s) "
