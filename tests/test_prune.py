@@ -369,11 +369,14 @@ def _ended_run(db: Path) -> dict[str, Any]:
         rid, verdict, code, summary = conn.execute(
             "SELECT id, verdict, exit_code, summary FROM runs ORDER BY started_unix DESC LIMIT 1"
         ).fetchone()
-        criteria = dict(
-            conn.execute(
-                "SELECT criterion, status FROM verdicts WHERE run_id = ?", (rid,)
-            ).fetchall()
-        )
+        judged = conn.execute(
+            "SELECT criterion, status, detail FROM verdicts WHERE run_id = ?", (rid,)
+        ).fetchall()
+        # a trend its run could not decide (INVALID or n/a "undecided") is chance, not prune
+        criteria = {
+            name: status for name, status, detail in judged if "undecided" not in (detail or "")
+        }
+        undecided = {name for name, _, detail in judged if "undecided" in (detail or "")}
         rows = {
             t: conn.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", (rid,)).fetchone()[0]
             for t in ("frames", "samples", "emissions", "events")
@@ -389,6 +392,7 @@ def _ended_run(db: Path) -> dict[str, Any]:
         "id": rid,
         "verdict": verdict,
         "criteria": criteria,
+        "undecided": undecided,
         "exit_code": code,
         "summary": json.loads(summary),
         "rows": rows,
@@ -442,8 +446,14 @@ def test_a_soak_writing_the_same_file_loses_nothing_while_prune_vacuums(tmp_path
         == s["frames_captured"] - s["drops"] - s["queued_at_end"] - s["in_flight_at_end"]
     )
     assert sum(rows.values()) == s["writer_rows"] and "store_overflow" not in run["kinds"]
-    assert (code, run["verdict"]) == (alone["exit_code"], alone["verdict"])
-    assert run["criteria"] == alone["criteria"]
+    # each criterion both runs decided has the same status; so has the run, unless a trend
+    # one of them could not decide (chance on a loaded host) is all that differs
+    decided = set(run["criteria"]) & set(alone["criteria"])
+    assert {c: run["criteria"][c] for c in decided} == {c: alone["criteria"][c] for c in decided}
+    if run["undecided"] == alone["undecided"]:
+        assert (code, run["verdict"]) == (alone["exit_code"], alone["verdict"])
+    else:
+        assert {run["verdict"], alone["verdict"]} != {"PASS", "FAIL"}
     conn = sqlite3.connect(path)
     marks = ", ".join("?" * len(old))
     for table in _tables_with_run_rows(conn):

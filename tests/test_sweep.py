@@ -357,8 +357,11 @@ def test_a_peak_memory_dash_says_why(tmp_path: Path) -> None:
     assert "Note: peak RSS and GPU – at workload.infer_ms=1:" in md
 
 
-def _sweep_of(*points: tuple[int, float, float]) -> SweepResult:
-    pts = [SweepPoint(v, "ok", total_median_ms=m, total_iqr_ms=iqr) for v, m, iqr in points]
+def _sweep_of(*points: tuple[int, float, float], busy: bool = False) -> SweepResult:
+    host = {"contended": busy}
+    pts = [
+        SweepPoint(v, "ok", total_median_ms=m, total_iqr_ms=iqr, host=host) for v, m, iqr in points
+    ]
     return SweepResult("k", [p.value for p in pts], 8, False, pts, "total_median_ms", None)
 
 
@@ -372,6 +375,16 @@ def test_a_fall_is_non_monotone_only_beyond_both_the_spread_and_a_tenth_of_the_p
     """A point whose total p50 is below the one before it is non-monotone only when the fall
     exceeds their spread (half their IQRs added) and a tenth of the earlier p50."""
     r = _sweep_of((1, 10.0, 0.0), (2, b_median, b_iqr))
+    assert r.non_monotone == ([(1, 2)] if flagged else [])
+
+
+@pytest.mark.parametrize(("b_median", "flagged"), [(7.4, True), (7.6, False)])
+def test_a_fall_between_points_of_a_busy_host_is_non_monotone_only_beyond_a_quarter(
+    b_median: float, flagged: bool
+) -> None:
+    """Where other processes held the host at a point, a fall is non-monotone only beyond a
+    quarter of the earlier p50 (a shared scheduler moves a few frames' median further)."""
+    r = _sweep_of((1, 10.0, 0.0), (2, b_median, 0.0), busy=True)
     assert r.non_monotone == ([(1, 2)] if flagged else [])
 
 

@@ -151,6 +151,10 @@ def _media(p: SweepPoint) -> str:
 
 # a fall in total p50 smaller than this share of the earlier point's is never "not monotone"
 NON_MONOTONE_MIN_FALL = 0.10
+# the same where other processes held the host at either point: a scheduler shared with them
+# moves a few frames' median further (two 10 ms points of 8 frames each, beside two CPU
+# spinners and a busy test suite, read more than 10 % apart)
+NON_MONOTONE_BUSY_FALL = 0.25
 
 
 @dataclass
@@ -203,10 +207,11 @@ class SweepResult:
     def non_monotone(self) -> list[tuple[Any, Any]]:
         """(earlier value, later value) pairs, in increasing value, whose total p50 fell by
         more than the two points' spread (half their IQRs added) and by more than
-        ``NON_MONOTONE_MIN_FALL`` of the earlier p50: the cost went down as the value went
-        up, beyond the frames' own noise and beyond what a busy host moves a few frames'
-        median between two points of equal cost (two 10 ms points of 8 frames each, beside
-        two CPU spinners, once read apart by more than their tiny IQRs)."""
+        ``NON_MONOTONE_MIN_FALL`` of the earlier p50 (``NON_MONOTONE_BUSY_FALL`` where the
+        host was busy at either point): the cost went down as the value went up, beyond the
+        frames' own noise and beyond what a busy host moves a few frames' median between two
+        points of equal cost (two 10 ms points of 8 frames each, beside two CPU spinners,
+        once read apart by more than their tiny IQRs)."""
         if self.knee_metric != "total_median_ms":
             return []
         pts = [p for p in self.points if p.status == "ok" and p.total_median_ms is not None]
@@ -218,7 +223,8 @@ class SweepResult:
         for a, b in itertools.pairwise(pts):
             assert a.total_median_ms is not None and b.total_median_ms is not None
             noise = ((a.total_iqr_ms or 0.0) + (b.total_iqr_ms or 0.0)) / 2
-            floor = NON_MONOTONE_MIN_FALL * a.total_median_ms
+            busy = a.host_busy or b.host_busy
+            floor = (NON_MONOTONE_BUSY_FALL if busy else NON_MONOTONE_MIN_FALL) * a.total_median_ms
             if a.total_median_ms - b.total_median_ms > max(noise, floor):
                 out.append((a.value, b.value))
         return out
