@@ -22,14 +22,27 @@ exit 0
 """
 
 
-def _setup(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+# a stand-in uv: logs its calls beside python's, fails where FAIL_UV is set
+FAKE_UV = """#!/usr/bin/env bash
+echo "uv $*" >> "$(dirname "$0")/calls.log"
+[ -z "${FAIL_UV:-}" ]
+"""
+
+
+def _setup(
+    tmp_path: Path, *args: str, uv: bool = False, fail_uv: bool = False
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     (tmp_path / ".ci").mkdir(parents=True)
     shutil.copy(REPO / ".ci" / "setup", tmp_path / ".ci" / "setup")
     py = tmp_path / ".venv" / "bin" / "python"
     py.parent.mkdir(parents=True)
-    py.write_text(FAKE_PYTHON)
-    py.chmod(0o755)
-    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    for path, text in [(py, FAKE_PYTHON)] + [(py.with_name("uv"), FAKE_UV)] * uv:
+        path.write_text(text)
+        path.chmod(0o755)
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "PIP_FIND_LINKS": "/opt/wheels"}
+    env.pop("FAIL_UV", None)
+    if fail_uv:
+        env["FAIL_UV"] = "1"
     p = subprocess.run(
         ["bash", str(tmp_path / ".ci" / "setup"), *args],
         capture_output=True, text=True, timeout=60, env=env,
@@ -49,7 +62,7 @@ def test_setup_serve_installs_the_serve_extra_and_says_each_step(tmp_path: Path)
     assert p.returncode == 0, p.stderr
     assert "-m pip install -q -e .[serve]" in calls
     lines = p.stdout.splitlines()
-    assert any(ln.startswith("setup: upgrading pip") for ln in lines)
+    assert any(ln.startswith("setup: no uv: upgrading pip") for ln in lines)
     assert any("installing soakd and its dependencies" in ln and "[serve]" in ln for ln in lines)
     assert lines[-1].startswith("setup: ok")
 
@@ -64,3 +77,20 @@ def test_setup_takes_both_flags_and_refuses_an_unknown_one(tmp_path: Path) -> No
     assert p.returncode == 2
     assert p.stderr.strip() == "setup: unknown argument --srve (known: --test, --serve)"
     assert calls == []
+
+
+def test_setup_installs_with_uv_where_it_has_one_and_with_pip_where_uv_fails(
+    tmp_path: Path,
+) -> None:
+    """With uv in the venv, soakd and its extras are installed by `uv pip install` into the
+    venv's python (with the find-links pip is given), pip never called; where uv fails, pip
+    installs the same. (The stand-in python has torch: it is kept.)"""
+    p, calls = _setup(tmp_path / "a", "--test", uv=True)
+    assert p.returncode == 0, p.stderr
+    uv = "uv pip install --python .venv/bin/python -q --find-links /opt/wheels"
+    assert [c for c in calls if "pip" in c] == [f"{uv} -e .[dev]"]
+    assert calls.index(f"{uv} -e .[dev]") < calls.index("-c import soakd, torch, transformers")
+    p, calls = _setup(tmp_path / "b", "--test", uv=True, fail_uv=True)
+    assert p.returncode == 0, p.stderr
+    assert f"{uv} -e .[dev]" in calls and "-m pip install -q -e .[dev]" in calls
+    assert "setup: uv failed: installing with pip" in p.stdout
