@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,14 +88,65 @@ def soakd_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "soakd", *args]
 
 
+#: the commands that read a database (or write one: prune, merge, baseline) and print, and
+#: run no soak, start no server and load no model: ``run_cli`` runs them through
+#: soakd.cli.main in this process, as sqlite-utils' tests run its CLI. A subprocess each paid
+#: ~0.5 s of CPU to start Python and import the CLI, about a tenth of the suite's CPU
+#: (docs/benchmarks.md, "The test suite's wall time"); what the command does is the same
+IN_PROCESS = frozenset(
+    {"runs", "show", "report", "gate", "export", "compare", "baseline", "merge", "prune"}
+)
+
+
 def run_cli(
     *args: str, timeout: float = 120, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``soakd ARGS`` as a real subprocess from the repository root (``env``: the
-    environment, e.g. the ``subprocess_env`` fixture; default this process's)."""
+    """``soakd ARGS`` from the repository root: its exit code, stdout and stderr. A command
+    of ``IN_PROCESS`` given no ``env`` and called from the main thread runs in this process
+    (the captured stdout is the process's: calls from a pool of threads get subprocesses).
+    Any other (``run``, ``plan``, ``profile``, ``sweep``, ...) or one given ``env`` (e.g. the
+    ``subprocess_env`` fixture) runs as a real subprocess. A test that needs a process of its
+    own (a signal, a pipe, exit at interpreter shutdown) uses ``soakd_cmd``."""
+    if env is None and args and args[0] in IN_PROCESS and _main_thread():
+        return _in_process(list(args))
     return subprocess.run(
         soakd_cmd(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout, env=env
     )
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _in_process(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``soakd ARGV`` through soakd.cli.main, stdout and stderr captured as a subprocess's
+    pipes would be (bytes decoded as text with universal newlines, no terminal), the working
+    directory the repository's for the call."""
+    from soakd.cli import main
+
+    pipes = [_Pipe(), _Pipe()]
+    out, err = (io.TextIOWrapper(pipe, encoding="utf-8", write_through=True) for pipe in pipes)
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(cwd)
+    text = [_text(pipe.getvalue().decode()) for pipe in pipes]
+    return subprocess.CompletedProcess(soakd_cmd(*argv), code, *text)
+
+
+class _Pipe(io.BytesIO):
+    """What a command wrote, kept when it closes its stdout (as a process may)."""
+
+    def close(self) -> None:
+        pass
+
+
+def _text(decoded: str) -> str:
+    """What ``text=True`` makes of a pipe's output: universal newlines."""
+    return decoded.replace("\r\n", "\n").replace("\r", "\n")
 
 
 #: the settings every short soak of a served model (openai, realtime) shares: a small

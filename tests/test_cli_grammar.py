@@ -101,7 +101,7 @@ def test_every_command_with_a_format_writes_to_a_file_too() -> None:
 
 
 def test_help_usage_lines_name_the_arguments_as_the_readme_does() -> None:
-    """`soakd X --help` (real subprocesses) names RUN_ID, RUN_A/RUN_B, OUT IN and PLAN."""
+    """`soakd X --help` (through run_cli) names RUN_ID, RUN_A/RUN_B, OUT IN and PLAN."""
     usage = {
         "show": "[RUN_ID]",
         "compare": "{RUN_A} [RUN_B]",
@@ -160,7 +160,7 @@ def _argv(path: str, cmd: Any, world: dict[str, str], n: int, *extra: str) -> li
 
 
 def _call(path: str, cmd: Any, world: dict[str, str], n: int, *extra: str) -> Any:
-    """``soakd PATH ...`` as a real subprocess."""
+    """``soakd PATH ...`` through run_cli (a subprocess for commands that soak or profile)."""
     return run_cli(*_argv(path, cmd, world, n, *extra), timeout=180)
 
 
@@ -193,7 +193,7 @@ def test_every_command_with_json_output_takes_the_old_json_flag(
     world: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """For every command whose -f offers json: `--json` prints what `-f json` prints (the
-    same document; a fresh measurement the same shape: real subprocesses), stays out of
+    same document; a fresh measurement the same shape: through run_cli), stays out of
     --help, and with another -f is one usage error line, exit 2 (soakd.cli.main in this
     process)."""
     with_json = {path: cmd for path, cmd in cli_commands().items() if "json" in _format_values(cmd)}
