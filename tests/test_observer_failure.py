@@ -43,12 +43,16 @@ class _Breaks(Observer):
 def test_an_observer_that_raises_is_a_run_event_and_a_verdict_warning(
     synthetic: Callable[..., Settings],
 ) -> None:
-    """A healthy 3 s run whose own observer raises: the run goes on and PASSes, with one
+    """A healthy 3 s run whose own observer raises: the run goes on and is not failed by it
+    (PASS, or INVALID where a busy host left too few windows to test a trend), with one
     observer_failed event naming the observer, hook and error, and a warning in the
     verdict."""
     s = synthetic()
     res = run_soak(s, observers=[_Breaks()])
-    assert res.status == "completed" and res.verdict.status == "PASS", res.verdict.reason
+    assert res.status == "completed", res.verdict.reason
+    assert res.verdict.status == "PASS" or (
+        res.verdict.status == "INVALID" and "observer" not in res.verdict.reason
+    ), res.verdict.reason
     [(_msg, data)] = _failures(s)
     assert data == {"observer": "_Breaks", "hook": "on_sample", "decides": None,
                     "error": "RuntimeError: display went away"}  # fmt: skip
