@@ -504,7 +504,7 @@ def test_an_earlier_lifetime_s_leak_is_not_hidden_by_a_flat_last_one() -> None:
             "t": 60.0,
             "kind": "server_replaced",
             "frame_id": None,
-            "message": "server 111 replaced by 222",
+            "message": "",
             "data": {"old_pid": 111, "new_pid": 222, "t": 60.0},
         },
     ]
@@ -537,3 +537,57 @@ def test_server_changes_beyond_the_loaded_events_make_memory_invalid_not_pass() 
     got = judge(data, CriteriaSettings()).get("memory_server_rss")
     assert got is not None and got.status == "invalid", got
     assert "3 more server_replaced" in got.detail
+
+
+def test_a_server_that_took_over_has_a_warm_up_of_its_own() -> None:
+    """A server replaced at 100 s whose successor loads for the run's warm-up (20 s: 50 MB
+    to 250 MB), then holds flat: its lifetime is judged from the end of its own warm-up, a
+    flat floor, and its loading is not called growth."""
+    t = np.arange(0.0, 135.0, 0.25)
+    rss = np.where(t < 100, 80 * MB, np.minimum(50 * MB + (t - 100) * 10 * MB, 250 * MB))
+    events = [
+        {"t": 20.0, "kind": "warmup_end", "frame_id": None, "message": "", "data": None},
+        {"t": 100.0, "kind": "server_replaced", "frame_id": None, "message": "",
+         "data": {"old_pid": 111, "new_pid": 222, "t": 100.0}},
+    ]  # fmt: skip
+    meta = RunMeta("r", fps=5, workload_kind="openai", duration_s=135.0, warmup_s=20.0)
+    frames = {"t_capture": t[::2] + 0.01, "t_dispatch": t[::2] + 0.01, "t_done": t[::2] + 0.05}
+    data = make_run_data(
+        meta, frames=frames, samples={"t": t, "server_rss_bytes": rss}, events=events
+    )
+    got = judge(data, CriteriaSettings(floor_window_s=1.0)).get("memory_server_rss")
+    assert got is not None and got.status == "pass", got
+    assert "floor slope +0 MB/min" in got.detail and "growth" not in got.detail, got.detail
+
+
+def _two_servers_live(changes: list[float]) -> Any:
+    """A run planned for 100 s at its 95th second (warm-up 20 s): a server flat at 200 MB
+    until 75 s, then one taking its place that loads for its own warm-up (100 MB to 400 MB
+    by 95 s); the server changes the run was told of."""
+    from soakd.analysis.criteria.base import Live, LiveTable
+
+    live = Live(planned_s=100.0, fps=10.0, streams=1, now=95.0, t0=20.0)
+    live.samples = LiveTable(("t", "server_rss_bytes"))
+    for ti in np.arange(20.0, 95.0, 0.1):
+        live.samples.append((ti, 200 * MB if ti < 75 else 100 * MB + (ti - 75) * 15 * MB))
+    live.server_changes = changes
+    return live
+
+
+def test_an_early_look_judges_each_server_process_alone() -> None:
+    """Told of the replacement at 75 s (the run's server_replaced event), a look judges
+    each server process alone, the new one only after a warm-up as long as the run's: its
+    loading does not stop the run, which pooled with its predecessor's samples reads as
+    growth that started late and goes on."""
+    from soakd.analysis.criteria import memory
+    from soakd.records import Event
+    from soakd.run.early_stop import EarlyStop
+
+    crit = CriteriaSettings(floor_window_s=1.0, max_memory_growth_mb_per_min=5)
+    live = _two_servers_live([])
+    watch = EarlyStop(live, crit, [memory], event=lambda e: None, stop=lambda r: None)
+    watch.on_event(Event("server_replaced", 75.0, 0.0, data={"old_pid": 1, "new_pid": 2}))
+    assert live.server_spans() == [(20.0, 75.0)]
+    assert memory.early_fail(live, crit) is None
+    pooled = memory.early_fail(_two_servers_live([]), crit)
+    assert pooled is not None and pooled.criterion == "memory_server_rss", pooled

@@ -18,6 +18,8 @@ PROCFS = "soakd/telemetry/procfs.py"
 LIFE = "soakd/analysis/server.py"
 MEM = "soakd/analysis/criteria/memory.py"
 QUEUE = "soakd/analysis/criteria/server_queue.py"
+BASE = "soakd/analysis/criteria/base.py"
+EARLY = "soakd/run/early_stop.py"
 STORE = "soakd/store/server_metrics.py"
 
 # the tests, by what they pin
@@ -28,6 +30,8 @@ REUSED = PINS + "test_a_new_process_given_the_server_s_pid_is_a_replacement_not_
 SCRAPE = PINS + "test_each_scrape_reads_the_page_anew_never_the_last_tick_s_rows"
 STEP = PINS + "test_each_lifetime_is_judged_alone_so_a_step_at_the_replacement_is_no_leak"
 LEAKS = PINS + "test_any_lifetime_that_leaks_fails_and_the_steepest_leak_is_reported"
+OWN_WARMUP = FOL + "test_a_server_that_took_over_has_a_warm_up_of_its_own"
+EACH_LOOK = FOL + "test_an_early_look_judges_each_server_process_alone"
 LOST = PINS + "test_a_lost_server_is_invalid_never_a_pass_on_the_dead_process_s_samples"
 LATE = PINS + "test_the_last_server_decides_only_when_it_lived_12_floor_windows"
 NEVER = PINS + "test_a_served_run_whose_server_was_never_sampled_is_invalid"
@@ -153,4 +157,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "        call = call_trend(tr, win.t[has], win.floor[has],", (MEDIANS,)),
     Mutant("the server's warm-up queue in the queue's evidence (#35 server)", LIFE,
            "keep = (t >= t0) & np.isfinite(y)", "keep = np.isfinite(y)", (Q_WARM,)),
+    Mutant("a replaced server's loading judged as its growth (#31 server)", MEM,
+           "span = life.window(ctx.t0, ctx.t1, warmup_s=max(ctx.t0, 0.0))",
+           "span = life.window(ctx.t0, ctx.t1)", (OWN_WARMUP,)),
+    Mutant("a server taking over has no warm-up in an early look (#31 server)", BASE,
+           "starts = [self.t0, *(t + self.t0 for t in self.server_changes)]",
+           "starts = [self.t0, *self.server_changes]", (EACH_LOOK,)),
+    Mutant("an early look pools the server's processes (#31 server)", MEM,
+           'for t0, t1 in live.server_spans() if col.startswith("server_") else mine:',
+           "for t0, t1 in mine:", (EACH_LOOK,)),
+    Mutant("a server change is not told to the early looks (#31 server)", EARLY,
+           "            self.live.server_changes.append(event.t)\n", "            pass\n",
+           (EACH_LOOK,)),
 )  # fmt: skip

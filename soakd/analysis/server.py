@@ -12,7 +12,8 @@ criteria, judged by the rules soakd's own telemetry is judged by:
 * both judged **per server lifetime**: a server replaced mid-run (a ``server_replaced``
   event: another process took its port, its unit restarted) or lost (``server_lost``) splits
   the run into the lifetimes of its processes (``lifetimes``), each judged alone in its own
-  window. FAIL when any judged lifetime leaks; else the last lifetime decides: its PASS
+  window (a process that took over mid-run after a warm-up of its own, as long as the
+  run's). FAIL when any judged lifetime leaks; else the last lifetime decides: its PASS
   (or INVALID), or INVALID "the server was replaced at t = ..." when it is too short to
   judge, or INVALID "the server ... was lost at t = ..." when nothing took the dead one's
   place (``combine_lifetimes``). Never a PASS on a dead process's samples;
@@ -99,9 +100,13 @@ class Lifetime:
     pid: int | None
     ended: str
 
-    def window(self, t0: float, t1: float) -> tuple[float, float] | None:
-        """Its part of the measured window ``[t0, t1]``; None when it has none."""
-        a, b = max(self.start, t0), min(self.end, t1)
+    def window(self, t0: float, t1: float, warmup_s: float = 0.0) -> tuple[float, float] | None:
+        """Its part of the measured window ``[t0, t1]``; None when it has none. A process
+        that took over mid-run has a warm-up of its own, ``warmup_s`` from its start (the
+        run's, which its first process had): its model loading and first requests' caches
+        are not its growth."""
+        own = self.start + warmup_s if math.isfinite(self.start) else self.start
+        a, b = max(own, t0), min(self.end, t1)
         return (a, b) if b > a else None
 
     def where(self) -> str:

@@ -109,6 +109,8 @@ class EarlyStop(Observer):
             self.live.t0 = event.t
         elif event.kind == "oom":
             self.live.ooms += 1
+        elif event.kind in ("server_replaced", "server_lost"):
+            self.live.server_changes.append(event.t)
 
     def on_frame(self, rec: FrameRecord) -> None:
         """A frame, counted once a telemetry tick at or after its end has come (``_held``

@@ -245,6 +245,9 @@ class Live:
     #: windows' centres and medians, so a ten-hour run keeps at most MAX_WINDOWS of them
     age_t: list[float] = field(default_factory=list)
     age_ms: list[float] = field(default_factory=list)
+    #: when a served model's server was replaced or lost (its run events' ``t``): each
+    #: server process's memory is looked at alone, as the verdict judges it
+    server_changes: list[float] = field(default_factory=list)
     #: the host's CPUs (other processes' share is of all of them: soakd.analysis.contention)
     cpus: float = 1.0
     #: post-warm-up telemetry ticks that sampled the host, and those of them contended
@@ -292,6 +295,16 @@ class Live:
         """The closed frame-age windows' centres and medians, a copy of each, as long."""
         with self._lock:
             return np.array(self.age_t), np.array(self.age_ms)
+
+    def server_spans(self) -> list[tuple[float, float]]:
+        """Each server process's part of the run so far, ``(start, end)``: the first from
+        the warm-up's end, each that took over (or came after a loss) after a warm-up of
+        its own as long as the run's (``t0``, from the run's start)."""
+        if self.t0 is None:
+            return []
+        starts = [self.t0, *(t + self.t0 for t in self.server_changes)]
+        ends = [*self.server_changes, self.now]
+        return [(a, b) for a, b in zip(starts, ends, strict=True) if b > a]
 
     def samples_now(self) -> dict[str, np.ndarray]:
         """The telemetry so far, copied (``LiveTable.snapshot``); empty when none."""

@@ -400,9 +400,10 @@ def _judge_lifetime(
     y: np.ndarray,
     ok: np.ndarray,
 ) -> tuple[CriterionResult | None, bool]:
-    """One server lifetime's memory judged alone in its own window (its own floor window);
-    None when it has under 3 samples there; and whether it was long enough to judge."""
-    span = life.window(ctx.t0, ctx.t1)
+    """One server lifetime's memory judged alone in its own window (its own floor window,
+    after a warm-up as long as the run's, ``ctx.t0``, when it took over mid-run); None when
+    it has under 3 samples there; and whether it was long enough to judge."""
+    span = life.window(ctx.t0, ctx.t1, warmup_s=max(ctx.t0, 0.0))
     if span is None:
         return None, False
     mine = ok & (t >= span[0]) & (t < span[1])
@@ -464,15 +465,18 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     span = max(live.now - live.t0, 0.0)
     window = look_window(span, crit.floor_window_s)  # a bounded test, however long the run
     look = crit.model_copy(update={"alpha": alpha, "floor_window_s": window})
-    ctx = Context(data, look, live.t0, live.now, none, none, {}, {})
-    w, _note = floor_window_s(ctx.span, window)
+    mine = [(live.t0, live.now)]
     for name, col, title in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS):
-        t, y = data.samples["t"], data.sample(col)
-        ok = np.isfinite(y)
-        if ok.sum() < 3:
-            continue
-        res = judge_memory_metric(ctx, name, title, t[ok], y[ok], w)
-        if res.status == FAIL:
-            at = f"alpha {alpha:.2g} at {live.fraction:.0%} of the run"
-            return EarlyFail(name, f"{res.detail}, significant at this look's {at}")
+        # a served model's server: each of its processes alone, as the verdict judges them
+        for t0, t1 in live.server_spans() if col.startswith("server_") else mine:
+            ctx = Context(data, look, t0, t1, none, none, {}, {})
+            w, _note = floor_window_s(ctx.span, window)
+            t, y = data.samples["t"], data.sample(col)
+            ok = np.isfinite(y) & (t >= t0) & (t < t1)
+            if ok.sum() < 3:
+                continue
+            res = judge_memory_metric(ctx, name, title, t[ok], y[ok], w)
+            if res.status == FAIL:
+                at = f"alpha {alpha:.2g} at {live.fraction:.0%} of the run"
+                return EarlyFail(name, f"{res.detail}, significant at this look's {at}")
     return None
