@@ -274,7 +274,7 @@ def test_a_profile_whose_run_stalled_exits_3_and_recommends_no_rate(tmp_path: Pa
     assert any("no rate is recommended" in n for n in d["notes"])
     md = run_cli(*args, "-f", "md")
     assert md.returncode == 3
-    assert "--fps" not in md.stdout and "recommended rate: none" in md.stdout
+    assert "--fps" not in md.stdout and "recommended rate: none" in md.stdout, md.stdout
 
 
 def _stored_profile(tmp_path: Path, host_cpu_pct: float, workload: dict[str, Any]) -> str:

@@ -172,7 +172,8 @@ def test_without_proc_the_probe_reads_the_same_tree_through_psutil(
 
 def test_server_cpu_agrees_with_psutil_s_over_the_same_second() -> None:
     """server_cpu_pct of a spinning server over one second is psutil's cpu_percent of it
-    over the same second, within 15 points (read from /proc: user + system, per second)."""
+    over the same second, within 3 points or a quarter of it (read from /proc: user +
+    system, per second)."""
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         probe = ServerProcessProbe(spin.pid)
@@ -186,7 +187,11 @@ def test_server_cpu_agrees_with_psutil_s_over_the_same_second() -> None:
     finally:
         spin.kill()
         spin.wait()
-    assert isinstance(got, float) and want > 20 and abs(got - want) <= 15, (got, want)
+    # a spinner a busy host let run at all (5 %), read within 3 points or a quarter of it
+    assert isinstance(got, float) and want > 5 and abs(got - want) <= max(3, want / 4), (
+        got,
+        want,
+    )
 
 
 def test_a_server_that_dies_mid_run_leaves_its_keys_none_without_raising(tree: Tree) -> None:

@@ -70,7 +70,8 @@ def test_process_probe_rss_rises_when_50_mb_are_touched() -> None:
 def test_process_probe_reads_what_psutil_reads_for_this_process_and_host() -> None:
     """ProcessProbe's numbers (from /proc and os.times) are psutil's: RSS within 2 MB of
     memory_info's, host memory total equal, and a thread spinning for a second reads as
-    psutil's cpu_percent of this process over the same second, within 15 points."""
+    psutil's cpu_percent of this process over the same second, within 3 points or a
+    quarter of it."""
     probe = ProcessProbe()
     ours = psutil.Process()
     ours.cpu_percent(None)
@@ -91,7 +92,11 @@ def test_process_probe_reads_what_psutil_reads_for_this_process_and_host() -> No
     assert isinstance(into["rss_bytes"], int) and abs(into["rss_bytes"] - rss) < 2 * MB
     assert into["sys_mem_total_bytes"] == psutil.virtual_memory().total
     got = into["cpu_pct"]
-    assert isinstance(got, float) and want > 30 and abs(got - want) <= 15, (got, want)
+    # a spinner a busy host let run at all (5 %), read within 3 points or a quarter of it
+    assert isinstance(got, float) and want > 5 and abs(got - want) <= max(3, want / 4), (
+        got,
+        want,
+    )
 
 
 def test_without_proc_the_process_probe_reads_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
