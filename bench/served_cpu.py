@@ -19,8 +19,9 @@ streamed; its own CPU is not counted. Arms, each ``duration`` seconds at ``rate`
   default 150 ms telemetry with the server-process probe, the store and the verdict; CPU
   counted from the run's own start to its end (setup and judging left out), the process's
   user + system time read by the test's own thread; beside it, each of soakd's threads'
-  CPU over the same span (``/proc/self/task/TID/stat``; threads that ended, e.g. the /metrics
-  scrapes, are the rest of the process's);
+  CPU over the same span (``/proc/self/task/TID/stat``, clock ticks: each thread's reading
+  is cut down to 10 ms; threads that ended, e.g. the /metrics scrapes before they had a
+  thread of their own, and those cuts are the rest of the process's);
 * soakd, tree every tick: the same with ``TREE_REFRESH_S = 0`` (the probe lists the tree on
   every tick, as before it was kept).
 

@@ -319,7 +319,42 @@ def test_a_frame_the_socket_has_not_taken_is_replaced_by_the_newest_and_counted(
     assert session.push(_frame(2)) == 1
     assert session.push(_frame(3)) == 2
     assert session.dropped == 2
-    assert session._slot is not None and session._slot[0].id == 3
+    assert session._slot is not None and session._slot.id == 3
+
+
+def test_a_frame_is_encoded_on_the_sender_once_taken_and_a_dropped_one_never(server):
+    """Encode and send on one thread (issue 34): three frames pushed before the sender
+    runs leave the newest in the slot and none encoded (two dropped); once started, the
+    sender encodes that frame, on its own thread, and the socket takes it."""
+    s = load_settings(
+        overrides=["workload.kind=realtime", f"workload.url={url(server)!r}"]
+    ).workload
+    session = RealtimeSession(s, WorkloadContext())
+    encoded: list[tuple[str, int]] = []
+    jpeg = session._jpeg
+
+    def counted(img: np.ndarray) -> str:
+        encoded.append((threading.current_thread().name, int(img[0, 0, 0])))
+        return jpeg(img)
+
+    session._jpeg = counted  # type: ignore[method-assign]
+    session.setup()
+    try:
+        for i in (1, 2, 3):
+            frame = _frame(i)
+            frame.image[0, 0, 0] = i
+            session.push(frame)
+        assert session.dropped == 2 and encoded == []
+        session.start()
+        deadline = time.monotonic() + 10
+        sent: list[Any] = []
+        while not sent and time.monotonic() < deadline:
+            sent += session.drain()[0]
+            time.sleep(0.01)
+        assert [(x.frame_id, x.error) for x in sent] == [(3, None)]
+        assert encoded == [("soakd-rt-send", 3)]
+    finally:
+        session.close()
 
 
 def test_the_official_openai_sdk_completes_a_turn_with_an_image_and_audio(server):

@@ -359,6 +359,30 @@ def test_the_page_is_scraped_at_most_every_every_s_not_every_tick(page: _Metrics
     assert got == [0.0, 1.05, 2.1] and page.requests == 3, (got, page.requests)
 
 
+def test_a_probe_s_scrapes_run_on_one_kept_thread_that_ends_at_close(
+    page: _MetricsServer,
+) -> None:
+    """Five scrapes (every tick) run on one ``soakd-scrape`` thread, alive between them (no
+    thread started a second, issue 34), which ends when the probe is closed."""
+
+    def scrapers() -> set[int]:
+        return {t.ident or 0 for t in threading.enumerate() if t.name == "soakd-scrape"}
+
+    before = scrapers()
+    probe = ServerMetricsProbe(page.url, NAMES)
+    seen = []
+    for seq in range(5):
+        assert len(probe.sample_server(seq, 0.15 * seq)) == 4
+        seen.append(scrapers() - before)
+    assert page.requests == 5
+    assert len(seen[0]) == 1 and all(s == seen[0] for s in seen), seen
+    probe.close()
+    deadline = time.monotonic() + 2.0
+    while scrapers() - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not scrapers() - before
+
+
 def test_a_metrics_url_s_user_and_password_go_as_basic_auth(page: _MetricsServer) -> None:
     """telemetry.server_metrics_url = http://user:p%40ss@host/metrics: each scrape sends
     ``Authorization: Basic`` of ``user:p@ss`` (the password unquoted) and gets the rows;

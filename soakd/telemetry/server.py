@@ -13,8 +13,9 @@ A served model leaks in the server, not in soakd, so a run of one samples, every
   ``server_replaced`` change), one gone with nothing in its place leaves the keys None (one
   ``server_lost`` change); the sampler stores the changes as run events. A tick never
   raises.
-* ``ServerMetricsProbe``: the server's Prometheus endpoint, parsed with prometheus_client's
-  parser; the samples named (as exported, ``vllm:num_preemptions_total``) in
+* ``ServerMetricsProbe``: the server's Prometheus endpoint, scraped on a thread of its own
+  and read by ``promtext`` (prometheus_client's parser for a page it does not vouch for);
+  the samples named (as exported, ``vllm:num_preemptions_total``) in
   ``telemetry.server_metrics`` become ``ServerMetric`` rows on the tick's ``Sample``
   (``server_metrics`` table). A scrape may take one interval (at most 0.5 s), a tick waits
   for it half that; a scrape that fails gives no rows, one still running when its tick gives
@@ -49,7 +50,7 @@ import psutil
 from soakd.config import SERVED_KINDS
 from soakd.errors import UsageError
 from soakd.records import ServerMetric
-from soakd.telemetry import procfs
+from soakd.telemetry import procfs, promtext
 from soakd.telemetry.probes import Probe, Values
 
 #: the longest one scrape of the server's /metrics may take (one interval when shorter)
@@ -590,7 +591,11 @@ def _permanent(nv: Any) -> tuple[type[BaseException], ...]:
 def parse_series(text: str, names: frozenset[str]) -> list[Series]:
     """(sample name, canonical labels, value) of every sample in Prometheus ``text`` whose
     name as exported (a counter keeps its ``_total``) is in ``names``. Raises ValueError
-    for text that is not Prometheus."""
+    for text that is not Prometheus. ``promtext`` reads a page it vouches for line by line
+    (a quarter of the CPU); any other, prometheus_client whole, as before."""
+    kept = promtext.kept_samples(text, names)
+    if kept is not None:
+        return [(name, canonical_labels(labels), value) for name, labels, value in kept]
     from prometheus_client.parser import text_string_to_metric_families
 
     return [
@@ -602,22 +607,56 @@ def parse_series(text: str, names: frozenset[str]) -> list[Series]:
 
 
 class _Scrape:
-    """One scrape on its own daemon thread (a server that never answers holds up neither
-    the sampler nor the process's exit); ``result`` is None when it failed."""
+    """One scrape: ``result`` (None when it failed) once ``done`` is set."""
 
-    def __init__(self, scrape: Callable[[], list[Series] | None]) -> None:
+    def __init__(self) -> None:
         self.done = threading.Event()
         self.result: list[Series] | None = None
+
+
+class _Scraper:
+    """Runs scrapes one at a time on a thread of its own, started at the first and kept (a
+    thread started for each scrape, once a second, cost more CPU than the scrape's read
+    of the page: issue 34): a daemon, so a server that never answers holds up neither the
+    sampler nor the process's exit. ``close`` ends it once its scrape in hand is done."""
+
+    def __init__(self, scrape: Callable[[], list[Series] | None]) -> None:
         self._scrape = scrape
-        threading.Thread(target=self._run, name="soakd-scrape", daemon=True).start()
+        self._cond = threading.Condition()
+        self._next: _Scrape | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> _Scrape:
+        """A scrape begun now (the caller starts the next only when this one is done)."""
+        job = _Scrape()
+        with self._cond:
+            self._next = job
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="soakd-scrape", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return job
 
     def _run(self) -> None:
-        try:
-            self.result = self._scrape()
-        except Exception:
-            self.result = None
-        finally:
-            self.done.set()
+        while True:
+            with self._cond:
+                while self._next is None and not self._closed:
+                    self._cond.wait()
+                job, self._next = self._next, None
+                if self._closed or job is None:
+                    return
+            try:
+                job.result = self._scrape()
+            except Exception:
+                job.result = None
+            finally:
+                job.done.set()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
 
 
 class ServerMetricsProbe:
@@ -646,6 +685,7 @@ class ServerMetricsProbe:
         self.timeout_s = timeout_s
         self._due = -math.inf  # the tick time from which the next scrape may start
         self._inflight: _Scrape | None = None
+        self._scraper = _Scraper(self.scrape)
         self.failures = 0  # ticks with no rows (failed, timed out, not Prometheus)
 
     def scrape(self) -> list[Series] | None:
@@ -663,7 +703,7 @@ class ServerMetricsProbe:
             return ()
         if self._inflight is None:
             self._due = t + self.every_s
-        job = self._inflight or _Scrape(self.scrape)
+        job = self._inflight or self._scraper.start()
         self._inflight = job
         if not job.done.wait(self.wait_s):
             self.failures += 1
@@ -678,7 +718,8 @@ class ServerMetricsProbe:
         """Fills no sample column (its rows go to ``server_metrics``)."""
 
     def close(self) -> None:
-        """Nothing is kept open between scrapes."""
+        """Ends the scrapes' thread (no connection is kept open between scrapes)."""
+        self._scraper.close()
 
 
 def get_text(url: str, timeout_s: float) -> str | None:

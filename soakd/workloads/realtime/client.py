@@ -5,12 +5,13 @@ Two threads share the socket (``websockets``' threading client: one may send whi
 other receives):
 
 * ``soakd-rt-send`` sends what the driver handed over: the audio chunks, the **newest
-  frame only** and the questions. A frame waits in a one-frame slot; a frame pushed while the
-  slot is still full (the socket has not taken the previous one: a server that reads slower
-  than the frames come, a full TCP window, a reconnect under way) replaces it and is
-  counted as dropped (latest-frame rule). Audio waits in a bounded queue (``AUDIO_QUEUE_S``
-  of audio); older chunks are dropped and counted past that. Nothing is queued without
-  bound.
+  frame only** and the questions. A frame waits in a one-frame slot as captured; a frame
+  pushed while the slot is still full (the socket has not taken the previous one: a server
+  that reads slower than the frames come, a full TCP window, a reconnect under way)
+  replaces it and is counted as dropped (latest-frame rule). The frame taken from the slot
+  is JPEG-encoded and sent on this thread: a frame dropped is never encoded (issue 34:
+  soakd's own CPU a frame). Audio waits in a bounded queue (``AUDIO_QUEUE_S`` of audio);
+  older chunks are dropped and counted past that. Nothing is queued without bound.
 * ``soakd-rt-recv`` reads server events and times the open turn: time to the first delta
   (text or audio) from the question (``response.create`` / ``video.query``), the deltas'
   intervals, the done event, usage tokens, the audio received (real-time factor, underruns
@@ -221,7 +222,7 @@ class RealtimeSession:
         self._up = threading.Event()  # a session is open (cleared while reconnecting)
         self._halt = threading.Event()
         self._cond = threading.Condition()
-        self._slot: tuple[Frame, str] | None = None  # the newest frame, not yet sent
+        self._slot: Frame | None = None  # the newest frame, not yet encoded nor sent
         cap = max(1, int(AUDIO_QUEUE_S * 1000 / settings.audio_chunk_ms))
         self._audio: deque[str] = deque()
         self._audio_cap = cap
@@ -395,12 +396,11 @@ class RealtimeSession:
 
     def push(self, frame: Frame) -> int | None:
         """Hand over a frame (and its audio); returns the id of the older frame it replaced
-        in the slot (dropped: the socket had not taken it), else None."""
-        jpeg = self._jpeg(frame.image)
+        in the slot (dropped, never encoded: the socket had not taken it), else None."""
         chunks = self._audio_chunks(frame.audio)
         with self._cond:
-            replaced = self._slot[0].id if self._slot is not None else None
-            self._slot = (frame, jpeg)
+            replaced = self._slot.id if self._slot is not None else None
+            self._slot = frame
             for c in chunks:
                 if len(self._audio) >= self._audio_cap:
                     self._audio.popleft()
@@ -454,7 +454,7 @@ class RealtimeSession:
         return _all(self._sent), _all(self._turns), _all(self._life)
 
     # --- the sender thread
-    def _take(self) -> tuple[list[str], tuple[Frame, str] | None, list[Turn]]:
+    def _take(self) -> tuple[list[str], Frame | None, list[Turn]]:
         with self._cond:
             while not (self._slot or self._audio or self._asks or self._halt.is_set()):
                 self._cond.wait(0.2)
@@ -479,14 +479,14 @@ class RealtimeSession:
                     ws.send(json.dumps(self.dialect.audio(c)))
                     self.audio_sent += 1
                 if frame is not None:
-                    self._send_frame(ws, *frame)
+                    self._send_frame(ws, frame)
                 for turn in asks:
                     self._send_ask(ws, turn)
             except (ConnectionClosed, OSError, AttributeError) as exc:
                 # the receiver sees the close and reconnects; what was lost is recorded
                 msg = f"socket closed while sending: {type(exc).__name__}"
-                if frame is not None and not self._sent_ok(frame[0].id):
-                    self._sent.put(Sent(frame[0].id, now_ns(), now_ns(), msg))
+                if frame is not None and not self._sent_ok(frame.id):
+                    self._sent.put(Sent(frame.id, now_ns(), now_ns(), msg))
                 for turn in asks:
                     self._fail_turn(turn, msg)
                 self._up.wait(0.5)
@@ -494,8 +494,16 @@ class RealtimeSession:
     def _sent_ok(self, frame_id: int) -> bool:
         return self._newest is not None and self._newest[0] == frame_id
 
-    def _send_frame(self, ws: Any, frame: Frame, jpeg: str) -> None:
-        t0 = now_ns()
+    def _send_frame(self, ws: Any, frame: Frame) -> None:
+        """Encode ``frame`` and send it; a frame that cannot be encoded is a Sent with its
+        error (the driver's error row), the socket left as it was."""
+        try:
+            jpeg = self._jpeg(frame.image)
+        except Exception as exc:
+            t = now_ns()
+            self._sent.put(Sent(frame.id, t, t, f"{type(exc).__name__}: {exc}"[:2000]))
+            return
+        t0 = now_ns()  # writing starts: the row's dispatch
         ws.send(json.dumps(self.dialect.frame(jpeg)))
         t1 = now_ns()
         self._newest = (frame.id, frame.t_capture_ns)
@@ -683,9 +691,9 @@ class RealtimeSession:
 
 
 def _all(q: queue.SimpleQueue[Any]) -> list[Any]:
+    """Everything ``q`` holds now (the driver is its one reader: what ``empty`` says is
+    there stays there; no exception raised a drain, three drains a frame)."""
     out = []
-    while True:
-        try:
-            out.append(q.get_nowait())
-        except queue.Empty:
-            return out
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
