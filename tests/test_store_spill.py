@@ -45,3 +45,31 @@ def test_rows_waiting_for_a_lock_spill_to_disk_and_all_arrive(db_path: Path) -> 
     assert _count(db_path, "SELECT count(*) FROM events WHERE kind = 'error'") == 1
     assert _count(db_path, "SELECT count(*) FROM events WHERE kind = 'store_overflow'") == 0
     assert _count(db_path, "SELECT count(*) FROM events WHERE kind = 'store_locked'") == 1
+
+
+def test_a_lock_leaves_nothing_queued_in_memory_while_the_writer_waits_for_it(
+    db_path: Path,
+) -> None:
+    """Records put while another process holds the lock, before its busy timeout (2 s) has
+    run out, do not pile up in the writer's queue: between tries of its flush the writer
+    drains them into its pending rows and spills those to disk (a flush waiting out the busy
+    timeout in SQLite left every record put meanwhile queued in memory). A lock shorter
+    than the busy timeout leaves no store_locked event; all rows arrive."""
+    conn = store.connect(db_path)
+    make_run(conn, id="r1", status="running")
+    conn.close()
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.05, busy_timeout_s=2.0, spill_rows=50)
+    w.start()
+    queued = []
+    with locked(db_path, 1.5):
+        for i in range(600):
+            w.put(_frame(i))
+            if i % 50 == 49:
+                time.sleep(0.1)
+                queued.append(w._q.qsize())
+        assert w.error is None and w.spilled > 0
+    w.close()
+    assert w.error is None, w.error
+    assert max(queued[2:]) <= store.DRAIN_CHUNK, queued  # drained as they come
+    assert _count(db_path, "SELECT count(*) FROM frames") == 600
+    assert _count(db_path, "SELECT count(*) FROM events WHERE kind = 'store_locked'") == 0
