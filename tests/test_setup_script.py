@@ -83,9 +83,9 @@ def test_setup_installs_with_uv_where_it_has_one_and_with_pip_where_uv_fails(
     tmp_path: Path,
 ) -> None:
     """With uv in the venv, soakd and its extras are installed by `uv pip install` (bytecode
-    compiled, as pip does) into the
-    venv's python (with the find-links pip is given), pip never called; where uv fails, pip
-    installs the same. (The stand-in python has torch: it is kept.)"""
+    compiled, as pip does) into the venv's python (with the find-links pip is given), pip
+    never called; where uv fails, pip installs the same. (The stand-in python has torch: it
+    is kept.)"""
     p, calls = _setup(tmp_path / "a", "--test", uv=True)
     assert p.returncode == 0, p.stderr
     uv = "uv pip install --python .venv/bin/python -q --compile-bytecode --find-links /opt/wheels"
