@@ -164,7 +164,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "starts = [self.t0, *(t + self.t0 for t in self.server_changes)]",
            "starts = [self.t0, *self.server_changes]", (EACH_LOOK,)),
     Mutant("an early look pools the server's processes (#31 server)", MEM,
-           'for t0, t1 in live.server_spans() if col.startswith("server_") else mine:',
+           'for t0, t1 in servers if col.startswith("server_") else mine:',
            "for t0, t1 in mine:", (EACH_LOOK,)),
     Mutant("a server change is not told to the early looks (#31 server)", EARLY,
            "            self.live.server_changes.append(event.t)\n", "            pass\n",

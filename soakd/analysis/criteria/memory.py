@@ -466,12 +466,13 @@ def early_fail(live: Live, crit: CriteriaSettings) -> EarlyFail | None:
     window = look_window(span, crit.floor_window_s)  # a bounded test, however long the run
     look = crit.model_copy(update={"alpha": alpha, "floor_window_s": window})
     mine = [(live.t0, live.now)]
+    servers = live.server_spans()
     for name, col, title in (*MEMORY_METRICS, *server.SERVER_MEMORY_METRICS):
+        t, y = data.samples["t"], data.sample(col)
         # a served model's server: each of its processes alone, as the verdict judges them
-        for t0, t1 in live.server_spans() if col.startswith("server_") else mine:
+        for t0, t1 in servers if col.startswith("server_") else mine:
             ctx = Context(data, look, t0, t1, none, none, {}, {})
             w, _note = floor_window_s(ctx.span, window)
-            t, y = data.samples["t"], data.sample(col)
             ok = np.isfinite(y) & (t >= t0) & (t < t1)
             if ok.sum() < 3:
                 continue
