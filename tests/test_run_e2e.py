@@ -269,8 +269,9 @@ def test_reader_during_a_run_sees_consistent_rows(
         t.join(5)
     assert not problems, problems
     assert len(seen) > 10 and seen == sorted(seen) and seen[-1] > 0
-    # rows became visible during the run, not only at its end
-    assert len({n for n in seen if n > 0}) > 3
+    # rows became visible during the run, not only at its end (a flush about once a
+    # second, with the monitor's tick: two counts at least, one before the last flush)
+    assert len({n for n in seen if n > 0}) >= 2
 
 
 def test_unopenable_source_is_a_usage_error_before_the_run(

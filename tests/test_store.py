@@ -425,3 +425,33 @@ def test_the_run_writer_keeps_a_small_page_cache(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
     finally:
         conn.close()
+
+
+def test_flush_soon_commits_what_is_queued_without_waiting_for_the_interval(
+    db_path: Path,
+) -> None:
+    """A writer whose own timer flushes once a minute commits the rows queued when
+    ``flush_soon()`` asks (the run's monitor, each tick), and after the flush goes back to
+    sleep: it does not spin on the wake that asked (a handful of looks in 0.5 s)."""
+    conn = store.connect(db_path)
+    make_run(conn, id="r1", status="running")
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=60.0)
+    looks = []
+    collect = w._collect
+    w._collect = lambda deadline: looks.append(1) or collect(deadline)  # type: ignore[method-assign]
+    w.start()
+    w.put_frames([FrameRecord(i, i, i, i, i, 0, 1, total_ms=5) for i in range(20)])
+    w.flush_soon()
+    reader = sqlite3.connect(db_path)
+    deadline = time.monotonic() + 20
+    n = 0
+    while time.monotonic() < deadline and n < 20:
+        n = reader.execute("SELECT count(*) FROM frames").fetchone()[0]
+        time.sleep(0.02)
+    assert n == 20
+    time.sleep(0.2)
+    before = len(looks)
+    time.sleep(0.5)
+    assert len(looks) - before <= 3, len(looks) - before
+    w.close()
+    assert w.error is None

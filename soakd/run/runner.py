@@ -71,13 +71,26 @@ _WARN_EVENTS = ("error", "oom", "stall", "source_end", "signal", "sampler_crashe
 #: frame period, if longer), never under STALL_FLOOR_S, never over ``run.stall_timeout_s``
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 5.0
-#: the monitor's longest sleep: how late it may see a stall, the first frame or a store
-#: error, and how long the sink's frames may wait for it at a low rate (a paced run's end it
-#: wakes for on time). Each wake costs the process CPU (45-70 µs on a 2-vCPU VM): at 4 a
-#: second, not 20, it is a tenth of a served run's own CPU less (docs/benchmarks.md, issue 34)
-MONITOR_TICK_S = 0.25
+#: about the monitor's longest sleep: how late it may see a stall, the first frame or a
+#: store error, and how long the sink's frames may wait for it at a low rate (a paced run's
+#: end it wakes for on time). Each wake costs the process CPU, most of it a cold cache (on a
+#: 2-vCPU VM about 130 µs alone, half that beside another thread's wake): so the monitor
+#: wakes once a second, on a tick of the sampler's (``_tick_s``; docs/benchmarks.md, issue 34)
+MONITOR_TICK_S = 1.0
 #: how long ``workload.close()`` may take before the run goes on without it
 CLOSE_TIMEOUT_S = 30.0
+
+
+def monitor_sleep_s(now_ns: int, t0_ns: int, period_ns: int, end_ns: int | None) -> float:
+    """How long the monitor sleeps from ``now_ns``: to its next deadline, a whole number of
+    sampler periods (``period_ns``) from the run's start ``t0_ns``, as near MONITOR_TICK_S
+    as they come, so that it wakes with a sampler tick; or to a paced run's end
+    (``end_ns``) if that comes first."""
+    step = max(1, round(MONITOR_TICK_S * 1e9 / period_ns)) * period_ns
+    deadline = t0_ns + ((now_ns - t0_ns) // step + 1) * step
+    if end_ns is not None:
+        deadline = min(deadline, end_ns)
+    return max(0.0, (deadline - now_ns) / 1e9)
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -381,7 +394,11 @@ class Run:
         env = collect_environment(ordinal=_gpu_ordinal(self.settings))
         self.t0_ns = self.clock.now_ns()
         runs.open_run(conn, self._new_run(workload, sources[0], load_s, env), self.clock.wall())
-        self.writer = store.StoreWriter(self.db_path, self.run_id)
+        # the monitor asks for a flush on each tick (``flush_soon``); the writer's own timer
+        # is the fallback, should the monitor stop asking
+        self.writer = store.StoreWriter(
+            self.db_path, self.run_id, flush_interval_s=2 * MONITOR_TICK_S
+        )
         self.writer.start()
         self._frames = FrameSink(self._deliver_frames, self.t0_ns)
         self._writer_started = True
@@ -649,6 +666,7 @@ class Run:
         ready, warm_logged, last_done_seen = False, False, 0
         while not self.stop.wait(self._tick_s(end_ns)):
             self._frames.drain()  # a low rate or a hung model: no record waits for a batch
+            self.writer.flush_soon()  # with this wake, not on a timer of its own
             now = clock.now_ns()
             if self.paced and now >= end_ns:
                 self.request_stop()
@@ -674,10 +692,10 @@ class Run:
         return False
 
     def _tick_s(self, end_ns: int) -> float:
-        """How long the monitor sleeps: MONITOR_TICK_S, or until a paced run's end."""
-        if not self.paced:
-            return MONITOR_TICK_S
-        return min(MONITOR_TICK_S, max(0.0, (end_ns - self.clock.now_ns()) / 1e9))
+        """How long the monitor sleeps (``monitor_sleep_s``)."""
+        period = round(self.settings.run.sample_interval_ms * 1e6)
+        end = end_ns if self.paced else None
+        return monitor_sleep_s(self.clock.now_ns(), self.t0_ns, period, end)
 
     @staticmethod
     def _warm(built: _Stack, c: Counters) -> bool:

@@ -9,7 +9,7 @@ hot path pays one ``deque.append`` (atomic under the GIL, no lock) per frame.
 ``drain`` hands everything appended so far, in order, to ``deliver`` as one list of
 records: the store writer, the rolling windows and the observers take one call per batch
 instead of one per frame. The driver drains every ``batch`` frames; the runner's monitor
-drains on each of its ticks (every 250 ms, ``MONITOR_TICK_S``), so that at a low rate, or
+drains on each of its ticks (about once a second, ``MONITOR_TICK_S``), so that at a low rate, or
 while the model hangs, no frame waits for a full batch, and once more when the run ends.
 ``drain`` holds a lock: batches leave in order and ``deliver`` is never called from two
 threads at once.

@@ -7,7 +7,8 @@
 * ``atomic(conn)`` is the one transaction helper (nestable: BEGIN IMMEDIATE / SAVEPOINT).
 * ``StoreWriter`` is the one writer thread of a run: records are handed to it through a
   queue and inserted in batches, one transaction per flush, at least every
-  ``flush_interval_s`` (a crash loses at most that).
+  ``flush_interval_s`` and whenever ``flush_soon()`` asks (a run's monitor, once a second):
+  a crash loses at most what came since.
 """
 
 from __future__ import annotations
@@ -657,7 +658,8 @@ class StoreWriter:
         self.spilled = 0  # rows that went through the spill file
         self._thread = threading.Thread(target=self._loop, name="soakd-store", daemon=True)
         self._abandon = threading.Event()
-        self._wake = threading.Event()  # set by close(): the sentinel is queued
+        self._wake = threading.Event()  # set by close() (the sentinel is queued), flush_soon()
+        self._kicked = False  # flush_soon(): commit what is queued at the next look
         self.error: BaseException | None = None
         self.rows_written = 0
         self.flushes = 0
@@ -682,6 +684,13 @@ class StoreWriter:
     def put_frames(self, batch: list[FrameRecord]) -> None:
         """A driver's batch of frame records, in order (one queue item for the batch)."""
         self._q.put(batch)
+
+    def flush_soon(self) -> None:
+        """Wake the writer now to commit what is queued (the run's monitor calls it on each
+        of its ticks, once it has handed on the sink's frames: the writer then wakes with the
+        monitor, once a second, instead of on a timer of its own; issue 34)."""
+        self._kicked = True
+        self._wake.set()
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush everything queued and stop the thread. If the database is still locked
@@ -725,7 +734,8 @@ class StoreWriter:
                 self._abandon.wait(max(0.0, deadline - time.monotonic()))
             now = time.monotonic()
             waiting = self.waiting
-            due = stopping or now >= deadline or waiting >= self.max_batch
+            kicked, self._kicked = self._kicked, False
+            due = stopping or kicked or now >= deadline or waiting >= self.max_batch
             if waiting and due and (self._locked_since is None or now >= deadline):
                 self._attempt(conn)
                 now = time.monotonic()
@@ -746,8 +756,9 @@ class StoreWriter:
         would ask for the GIL once per frame, and the driver would wait for its turn each
         time. Between two chunks it lets go of the GIL (``sleep(0)``), so that the driver
         never waits for more than one chunk's conversion."""
-        if self._q.empty():
-            self._wake.wait(max(0.0, min(deadline - time.monotonic(), self._sleep_s)))
+        if self._q.empty() and not self._kicked:
+            if self._wake.wait(max(0.0, min(deadline - time.monotonic(), self._sleep_s))):
+                self._wake.clear()  # what it says is in _kicked, or the sentinel is queued
         else:
             time.sleep(0)
         get, taken = self._q.get_nowait, 0

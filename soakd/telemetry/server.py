@@ -276,7 +276,9 @@ class ServerProcessProbe:
     every ``TREE_REFRESH_S``, and at once when one of its processes vanishes, not every
     tick (psutil's listing walks every process on the host; the /proc one reads the tree's
     threads). On Linux each tick reads each process's ``/proc/PID/stat`` and ``statm`` once
-    (``procfs``; a process whose start time changed is another one), elsewhere psutil."""
+    (``procfs``; a process whose start time changed is another one), elsewhere psutil.
+    Not stat's RSS field: the kernel's approximate sum of its per-CPU counters, off by
+    hundreds of KB on a 2-CPU host (statm's is the exact sum psutil reads)."""
 
     name = "server_process"
 
