@@ -22,7 +22,7 @@ captures each frame on its tick; the first bare arm's pictures are read beforeha
 its CPU): what a client pushing a camera's frames also pays. Both bare arms are kept and
 both ratios reported. Beside soakd's whole soak, its CPU from the run's start to its stop
 (setup and verdict left out, as bench/served_cpu.py counts it), and each of its threads'
-CPU over that span (``/proc/self/task``; clock ticks, so rough for a short arm).
+CPU over that span (each thread's CPU clock, ns: ``bench.served_cpu.thread_cpu``).
 """
 
 from __future__ import annotations
