@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sqlite3
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,12 +82,16 @@ def test_a_served_model_s_stages_are_time_to_first_token_and_the_rest_of_the_str
     assert len(got) >= 15
     for infer, decode, tokens, itl in got:
         assert 40 <= infer < 40 + 200
-        assert 5 * 10 * 0.8 <= decode < 5 * 10 + 200  # five gaps of 10 ms after the first
+        assert 0 < decode < 5 * 10 + 200
         assert tokens == 6
         # the median of five 10 ms gaps: a chunk the server sent late (a loaded host) makes
         # its gap longer and the next one shorter, so the median can fall under 10 ms (6.9
-        # seen under a full test suite); decode above still holds the five gaps' sum
+        # seen under a full test suite); decode below still holds the five gaps' sum
         assert 5 <= itl < 60
+    # five gaps of 10 ms after the first token: a first token read late (a loaded host) moves
+    # a row's time from decode to infer, so the rows' median holds the sum (36 ms seen once
+    # beside two CPU spinners)
+    assert statistics.median(r[1] for r in got) >= 5 * 10 * 0.8
 
 
 def test_inter_token_latency_is_per_token_beside_chunk_gaps_and_errors_count_by_kind(

@@ -211,8 +211,10 @@ def test_with_a_frame_in_flight_per_stream_the_warm_up_lasts_until_every_first_f
     frames its queue dropped meanwhile are not counted against the soak."""
     slow_first = ['workload.kind="python"', 'workload.factory="tests.fault_workloads:lifecycle"',
                   'workload.options={fail = "none", first_s = 1.2, concurrent = true}']  # fmt: skip
+    # the slow stream's drops during its first frame (15 or more of about 112) would be 13 %:
+    # 5 % tells them apart and leaves a busy host a few (the fixture judges drops as the model's)
     res = run_soak(synthetic(*slow_first, "run.streams=2", "run.duration=4", "run.warmup_s=0.2",
-                             "criteria.max_drop_fraction=0.02"))  # fmt: skip
+                             "criteria.max_drop_fraction=0.05"))  # fmt: skip
     conn = sqlite3.connect(db_path)
     ((t, msg),) = conn.execute("SELECT t, message FROM events WHERE kind = 'warmup_end'")
     assert t >= 1.2 and "first frame" in msg, (t, msg)
