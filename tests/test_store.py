@@ -100,6 +100,18 @@ def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
     assert reader.execute("SELECT kind, data FROM events").fetchone() == ("error", '{"a":1}')
 
 
+def _counting_looks(db_path: Path, flush_interval_s: float) -> tuple[store.StoreWriter, list[int]]:
+    """A started writer of a running run ``r1`` and a list that grows by one at each look
+    it takes at its queue (each look is a wake)."""
+    make_run(store.connect(db_path), id="r1", status="running")
+    w = store.StoreWriter(db_path, "r1", flush_interval_s=flush_interval_s)
+    looks: list[int] = []
+    collect = w._collect
+    w._collect = lambda deadline: looks.append(1) or collect(deadline)  # type: ignore[method-assign]
+    w.start()
+    return w, looks
+
+
 def test_a_slow_trickle_wakes_the_writer_about_once_a_flush_and_a_burst_every_50_ms(
     db_path: Path,
 ) -> None:
@@ -107,12 +119,7 @@ def test_a_slow_trickle_wakes_the_writer_about_once_a_flush_and_a_burst_every_50
     handful of times, not every DRAIN_INTERVAL_S (each look is a wake: issue 34); then 3000
     at once bring its sleep back to DRAIN_INTERVAL_S; every record becomes a row."""
     conn = store.connect(db_path)
-    make_run(conn, id="r1", status="running")
-    w = store.StoreWriter(db_path, "r1", flush_interval_s=0.5)
-    looks = []
-    collect = w._collect
-    w._collect = lambda deadline: looks.append(1) or collect(deadline)  # type: ignore[method-assign]
-    w.start()
+    w, looks = _counting_looks(db_path, flush_interval_s=0.5)
 
     def frame(i: int) -> FrameRecord:
         return FrameRecord(i, i, i, i, i, 0, 1, total_ms=5)
@@ -433,13 +440,7 @@ def test_flush_soon_commits_what_is_queued_without_waiting_for_the_interval(
     """A writer whose own timer flushes once a minute commits the rows queued when
     ``flush_soon()`` asks (the run's monitor, each tick), and after the flush goes back to
     sleep: it does not spin on the wake that asked (a handful of looks in 0.5 s)."""
-    conn = store.connect(db_path)
-    make_run(conn, id="r1", status="running")
-    w = store.StoreWriter(db_path, "r1", flush_interval_s=60.0)
-    looks = []
-    collect = w._collect
-    w._collect = lambda deadline: looks.append(1) or collect(deadline)  # type: ignore[method-assign]
-    w.start()
+    w, looks = _counting_looks(db_path, flush_interval_s=60.0)
     w.put_frames([FrameRecord(i, i, i, i, i, 0, 1, total_ms=5) for i in range(20)])
     w.flush_soon()
     reader = sqlite3.connect(db_path)
