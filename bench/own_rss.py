@@ -49,8 +49,10 @@ def one(name: str, duration: float, lock_at: float, lock_s: float) -> tuple[floa
     sets, lock = CONFIGS[name]
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "own.db"
+        # a no-op's infer takes about a microsecond: a few-microsecond hiccup is 5 x that, and
+        # jitter, early-stoppable under stop_on_fail, would end the run (jitter_min_ms)
         args = [a for kv in (*noop_overrides(db, fps=60.0, duration_s=duration, warmup_s=5.0),
-                             *sets) for a in ("--set", kv)]  # fmt: skip
+                             "criteria.jitter_min_ms=1", *sets) for a in ("--set", kv)]  # fmt: skip
         cmd = [sys.executable, "-m", "soakd", "run", "--no-live", "--log-json", *args]
         holder = threading.Thread(target=_hold_lock, args=(db, lock_at, lock_s), daemon=True)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

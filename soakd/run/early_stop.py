@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from soakd.analysis import contention
 from soakd.analysis.criteria.base import (
     EARLY_STOP_EVENT,
@@ -254,6 +256,27 @@ def _summed(metrics: Sequence[ServerMetric]) -> list[float]:
     return list(got.values())
 
 
+#: numpy's cache of freed small array buffers (numpy/_core/src/multiarray/alloc.c): up to 7
+#: of each byte size under 1 KiB (3.7 MB full), and up to 15 shape-and-strides blocks of
+#: each of 16 sizes; a buffer freed there is no longer tracemalloc's, and stays libc's
+NUMPY_DATA_CACHE, NUMPY_DIM_CACHE = (1024, 7), (16, 15)
+
+
+def _fill_numpy_cache() -> None:
+    """Fill numpy's small-buffer cache (``NUMPY_DATA_CACHE``) now. The looks' arrays come
+    in ever new small sizes (their windows, masks and test statistics), and each new size
+    left its freed buffers cached for good: the cache filled for many minutes, 0.03 MB/min
+    of soakd's own RSS that memory_rss judged as the model's growth (issue 31). Full, it
+    can no longer grow; its 3.7 MB land before the warm-up, with the rehearsal's."""
+    sizes, depth = NUMPY_DATA_CACHE
+    held: list[np.ndarray] = [
+        np.empty(n, dtype=np.uint8) for n in range(1, sizes) for _ in range(depth)
+    ]
+    dims, dim_depth = NUMPY_DIM_CACHE  # a block of 2 x ndim intp: ndim under dims / 2
+    held += [np.empty((1,) * d) for d in range(1, dims // 2) for _ in range(dim_depth)]
+    del held
+
+
 def _rehearse(crit: CriteriaSettings, criteria: Sequence[ModuleType]) -> None:
     """Every look the run will make, made a few times now on a made-up minute (rising
     memory and server metrics, frames), through a throwaway EarlyStop's live series:
@@ -313,6 +336,7 @@ def watch_early_stop(
     # what it loads (~60 MB, some of it on first use) lands there and not in the measured
     # RSS as a step mid-run
     _rehearse(crit, asked)
+    _fill_numpy_cache()
     live = Live(planned_s=float(run.duration), fps=float(run.fps), streams=run.streams,
                 cpus=float(os.cpu_count() or 1))  # fmt: skip
     # the live telemetry, allocated and written now (before the warm-up), never grown
