@@ -29,13 +29,15 @@ streamed; its own CPU is not counted. Arms, each ``duration`` seconds at ``rate`
 
 Beside them, the probe alone: its thread CPU per tick over ``ticks`` ticks at 150 ms, with the
 tree kept and listed every tick, and the number of processes on the host (the walk's cost
-grows with it).
+grows with it); and the rest of the sampler's tick taken apart the same way: a wake that
+does nothing, and this process's own probe (its RSS, CPU and the host's).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ import psutil
 
 from bench._common import BenchResult, Target, bench_main
 from soakd.observers.base import Observer
+from soakd.telemetry.probes import ProcessProbe
 
 TOKENS = 8
 RATE = 2.0
@@ -199,6 +202,16 @@ def _soakd(
     return marks.end - marks.start, int(n), marks.by_thread()
 
 
+def _tick_ms(sample: Callable[[], Any], ticks: int) -> float:
+    """This thread's CPU a tick, ms, of ``sample`` called every 150 ms (the sampler's
+    period): the wake's cost included, as the sampler pays it."""
+    c0 = time.thread_time_ns()
+    for _ in range(ticks):
+        sample()
+        time.sleep(0.15)
+    return (time.thread_time_ns() - c0) / ticks / 1e6
+
+
 def _probe_tick_ms(pid: int, refresh_s: float, ticks: int) -> float:
     from soakd.telemetry import server as srv
 
@@ -206,11 +219,7 @@ def _probe_tick_ms(pid: int, refresh_s: float, ticks: int) -> float:
     srv.TREE_REFRESH_S = refresh_s
     try:
         probe = srv.ServerProcessProbe(pid)
-        c0 = time.thread_time_ns()
-        for _ in range(ticks):
-            probe.sample({})
-            time.sleep(0.15)
-        return (time.thread_time_ns() - c0) / ticks / 1e6
+        return _tick_ms(lambda: probe.sample({}), ticks)
     finally:
         srv.TREE_REFRESH_S = keep
 
@@ -259,6 +268,10 @@ def run(quick: bool, workdir: Path) -> BenchResult:
         cpu_sh, n_sh, _ = _soakd(server.base_url, workdir / "high.db", RATE_HIGH, duration / 2)
         kept_ms = _probe_tick_ms(server.pid, keep, ticks)
         every_ms = _probe_tick_ms(server.pid, 0.0, ticks)
+        # the sampler's tick taken apart: a wake that does nothing, this process's probe
+        empty_ms = _tick_ms(lambda: None, ticks)
+        own = ProcessProbe()
+        own_ms = _tick_ms(lambda: own.sample({}), ticks)
     per = {
         "bare httpx": (cpu_b, n_b, duration),
         "bare httpx, a frame encoded per request": (cpu_f, n_f, duration),
@@ -288,12 +301,18 @@ def run(quick: bool, workdir: Path) -> BenchResult:
         ratio=soak_ms / bare_ms if bare_ms else None,
         ratio_at_high_rate=(cpu_sh / max(n_sh, 1)) / (cpu_bh / max(n_bh, 1)) if cpu_bh else None,
         probe_tick_ms_kept=kept_ms, probe_tick_ms_every_tick=every_ms,
+        empty_tick_ms=empty_ms, process_probe_tick_ms=own_ms,
     )  # fmt: skip
     # one number a metric (the results' schema): the split by thread, thread by thread
     res.metrics.update(
         {f"soakd_cpu_ms_per_request[{k}]": 1e3 * v / max(n_s, 1) for k, v in threads.items()}
     )
-    for arm, ms in (("probe alone, tree kept", kept_ms), ("probe alone, every tick", every_ms)):
+    for arm, ms in (
+        ("probe alone, tree kept", kept_ms),
+        ("probe alone, every tick", every_ms),
+        ("an empty tick (the wake alone)", empty_ms),
+        ("this process's probe alone", own_ms),
+    ):
         res.rows.append(
             {"arm": arm, "requests": None, "cpu_ms_per_request": None, "core_pct": None,
              "probe_tick_ms": ms}
