@@ -190,4 +190,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("an early stop confirmed FAIL without '(stopped early)' (#35 early)",
            "soakd/analysis/verdict.py", "{cut.detail} (stopped early)\"", "{cut.detail}\"",
            (P + CUT, P + SOAK)),
+    Mutant("numpy's small-buffer cache left to fill during the run (#31 early)",
+           "soakd/run/early_stop.py", "    _rehearse(crit, asked)\n    _fill_numpy_cache()\n",
+           "    _rehearse(crit, asked)\n",
+           ("tests/test_look_memory.py",)),
 )  # fmt: skip
