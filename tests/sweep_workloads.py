@@ -1,6 +1,7 @@
 """A workload for tests/test_sweep.py through a ``kind = "python"`` factory: its cost falls
-as ``options.size`` grows past 50 (60 ms, then 10 ms a frame), what a sweep measured on a
-host whose load fell between two points looks like."""
+as ``options.size`` grows past 50 (60 ms a frame, then 10 ms at 56), what a sweep measured on
+a host whose load fell between two points looks like, and rises again from there (20 ms at
+112: two equal costs, beside CPU spinners, could read as a fall of their own)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class CheaperWhenLarger:
         return frame.id
 
     def infer(self, inputs: Any) -> Any:
-        time.sleep(0.060 if self.size < 50 else 0.010)
+        time.sleep(0.060 if self.size < 50 else 0.010 * self.size / 56)
         return inputs
 
     def decode(self, outputs: Any) -> StageOutput:
