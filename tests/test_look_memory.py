@@ -1,7 +1,8 @@
 """What the early-stop looks leave in soakd's own memory, which memory_rss judges as the
-model's (issue 31): nothing that grows after the warm-up. Each test runs in a fresh
-interpreter (a subprocess): what numpy has cached is process-wide, and the suite's other
-tests would have filled it."""
+model's (issue 31): numpy's cache of small buffers is filled before the warm-up, not a few
+blocks at a time during the run (docs/verdict.md has what is still left). Each test runs in
+a fresh interpreter (a subprocess): what numpy has cached is process-wide, and the suite's
+other tests would have filled it."""
 
 from __future__ import annotations
 
