@@ -25,6 +25,19 @@ from .conftest import make_run
 from .test_faults import tmpfs
 
 
+def _frames_within(db_path: Path, n: int, timeout_s: float) -> int:
+    """The frame rows another connection sees once it sees ``n`` of them, or when
+    ``timeout_s`` has passed (polled every 20 ms)."""
+    reader = sqlite3.connect(db_path)
+    deadline = time.monotonic() + timeout_s
+    got = 0
+    while time.monotonic() < deadline and got < n:
+        got = reader.execute("SELECT count(*) FROM frames").fetchone()[0]
+        time.sleep(0.02)
+    reader.close()
+    return got
+
+
 def test_migrations_are_recorded_and_idempotent(db_path: Path) -> None:
     """Opening twice applies each migration once and records it in _migrations."""
     store.connect(db_path).close()
@@ -83,13 +96,8 @@ def test_writer_flushes_within_a_second_while_running(db_path: Path) -> None:
                 total_ms=5,
             )
         )
+    assert _frames_within(db_path, 50, 1.0) == 50
     reader = sqlite3.connect(db_path)
-    deadline = time.monotonic() + 1.0
-    n = 0
-    while time.monotonic() < deadline and n < 50:
-        n = reader.execute("SELECT count(*) FROM frames").fetchone()[0]
-        time.sleep(0.02)
-    assert n == 50
     w.put(
         Sample(seq=0, t=0.1, wall=time.time(), lag_ms=0.1, tick_ms=0.2, values={"rss_bytes": 123})
     )
@@ -443,13 +451,7 @@ def test_flush_soon_commits_what_is_queued_without_waiting_for_the_interval(
     w, looks = _counting_looks(db_path, flush_interval_s=60.0)
     w.put_frames([FrameRecord(i, i, i, i, i, 0, 1, total_ms=5) for i in range(20)])
     w.flush_soon()
-    reader = sqlite3.connect(db_path)
-    deadline = time.monotonic() + 20
-    n = 0
-    while time.monotonic() < deadline and n < 20:
-        n = reader.execute("SELECT count(*) FROM frames").fetchone()[0]
-        time.sleep(0.02)
-    assert n == 20
+    assert _frames_within(db_path, 20, 20.0) == 20
     time.sleep(0.2)
     before = len(looks)
     time.sleep(0.5)

@@ -277,8 +277,9 @@ class ServerProcessProbe:
     tick (psutil's listing walks every process on the host; the /proc one reads the tree's
     threads). On Linux each tick reads each process's ``/proc/PID/stat`` and ``statm`` once
     (``procfs``; a process whose start time changed is another one), elsewhere psutil.
-    Not stat's RSS field: the kernel's approximate sum of its per-CPU counters, off by
-    hundreds of KB on a 2-CPU host (statm's is the exact sum psutil reads)."""
+    Not stat's RSS field: the kernel's approximate sum of its per-CPU counters, 19 pages
+    off on a sleeping process of a 2-CPU host, more with more CPUs (statm's is the exact
+    sum psutil reads)."""
 
     name = "server_process"
 
